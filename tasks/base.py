@@ -1,0 +1,58 @@
+"""What every task provides to the harness.
+
+A task knows nothing of eviction methods: it synthesises or loads examples, turns one into
+prompt token ids following its benchmark's official protocol, and scores a prediction.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Example:
+    """One evaluation item.
+
+    Parameters:
+        example_id: stable identity across runs and resumptions (e.g. ``niah_single_1/2048/0003``).
+        subtask: the benchmark's sub-dataset name, used to group scores.
+        input_ids: prompt token ids, ready for prefill (chat template and answer prefix included).
+        answers: gold references the scorer compares against.
+        max_new_tokens: generation length the official protocol allows.
+        meta: anything else worth keeping in the record (length, depth, ...).
+    """
+
+    example_id: str
+    subtask: str
+    input_ids: list[int]
+    answers: list[str]
+    max_new_tokens: int
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Task(ABC):
+    """A benchmark suite. Subclasses are dataclasses built from ``conf/task/*.yaml``."""
+
+    name: str
+
+    @abstractmethod
+    def examples(self, tokenizer: Any) -> list[Example]:
+        """Build the examples, tokenised with the evaluated model's tokenizer."""
+
+    @abstractmethod
+    def score(self, prediction: str, example: Example) -> dict[str, float]:
+        """Metrics for one prediction; the first key is the task's primary metric."""
+
+    def identity(self) -> dict[str, Any]:
+        """Config fields that change what an example *is* (enter the run id).
+
+        Fields that only select which examples to run (counts, subtask lists, lengths) stay
+        out, so widening a run resumes into the same results folder.
+        """
+        return {}
+
+    def stop_strings(self, example: Example) -> list[str]:
+        """Strings that end generation early (beyond the model's end-of-turn token)."""
+        return []
