@@ -1,0 +1,190 @@
+"""Prefill, then a decode loop in which the method observes and physically evicts.
+
+One sequence at a time (batch 1): every sequence gets its own keep sets, and eviction
+comparisons are paired per example anyway.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from harness import attention, kv_cache
+from harness.sampling import Sampling
+from methods.base import EvictionMethod, SequenceInfo
+
+
+@dataclass
+class Generation:
+    """The outcome of one sequence, with the figures every record carries.
+
+    Parameters:
+        tokens: generated token ids (a final end-of-turn token included).
+        prefill_len: L0.
+        budget: entries per layer and KV head the method allows (None: unlimited).
+        cache_len_final: entries cached after the last step, max over layers and heads.
+        kv_bytes_final: bytes of keys and values held after the last step.
+        kv_bytes_full: bytes a full cache of the same sequence would hold.
+        prefill_s, decode_s: wall time of the prefill forward and of the decode loop.
+        score_s: part of that time spent in the method (observing and choosing).
+        evict_s: part spent gathering the kept entries into new tensors.
+        max_cache_len: the largest cache length seen after any decode step's eviction.
+    """
+
+    tokens: list[int]
+    prefill_len: int
+    budget: int | None
+    cache_len_final: int
+    kv_bytes_final: int
+    kv_bytes_full: int
+    prefill_s: float
+    decode_s: float
+    score_s: float
+    evict_s: float
+    max_cache_len: int
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+
+StepHook = Callable[[int, attention.StepContext, object], None]
+
+
+@dataclass
+class Engine:
+    """Runs a model under an eviction method.
+
+    Parameters:
+        model: any decoder-only transformers causal LM with standard attention modules.
+        method: the eviction method (fresh state per sequence through ``begin``).
+        sampling: greedy by default.
+        on_step: optional callback ``(step, context, cache)`` after each step's eviction
+            (tests and diagnostics).
+    """
+
+    model: PreTrainedModel
+    method: EvictionMethod
+    sampling: Sampling = field(default_factory=Sampling)
+    on_step: StepHook | None = None
+
+    def __post_init__(self) -> None:
+        if self.model.config._attn_implementation != attention.NAME:
+            self.model.set_attn_implementation(attention.NAME)
+        config = self.model.config.get_text_config()
+        self.num_layers = config.num_hidden_layers
+        self.num_query_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.device = self.model.device
+
+    def _info(self, prefill_len: int, max_new_tokens: int, seed: int) -> SequenceInfo:
+        return SequenceInfo(
+            prefill_len=prefill_len,
+            num_layers=self.num_layers,
+            num_kv_heads=self.num_kv_heads,
+            num_query_heads=self.num_query_heads,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            device=self.device,
+        )
+
+    def check(self, prefill_len: int, max_new_tokens: int) -> None:
+        """Fail now, not mid-run, if the method rejects this sequence (e.g. budget below sinks+window)."""
+        self.method.begin(self._info(prefill_len, max_new_tokens, 0))
+
+    def _forward(self, ids: list[int], start: int, cache: object) -> Tensor:
+        input_ids = torch.tensor([ids], device=self.device)
+        position_ids = torch.arange(start, start + len(ids), device=self.device)[None]
+        output = self.model(
+            input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=1
+        )
+        return output.logits[0, -1]
+
+    def _apply(self, plan: list[Tensor] | None, context: attention.StepContext, cache: object) -> float:
+        if plan is None:
+            return 0.0
+        start = time.perf_counter()
+        kv_cache.evict(cache, plan)
+        context.positions = [
+            kv_cache.gather_rows(p, index) for p, index in zip(context.positions, plan, strict=True)
+        ]
+        return time.perf_counter() - start
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: list[int],
+        max_new_tokens: int,
+        stop_token_ids: set[int] | frozenset[int] = frozenset(),
+        stop: Callable[[list[int]], bool] | None = None,
+        seed: int = 0,
+    ) -> Generation:
+        """Generate up to ``max_new_tokens`` after ``input_ids``.
+
+        Generation ends at a token in ``stop_token_ids`` (kept in ``tokens``) or when
+        ``stop(tokens)`` says so (stop strings).
+        """
+        if not input_ids:
+            raise ValueError("empty prompt: the engine needs at least one prompt token")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+        prefill_len = len(input_ids)
+        info = self._info(prefill_len, max_new_tokens, seed)
+        self.method.begin(info)
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        cache = kv_cache.new_cache(self.model)
+        prompt_positions = torch.arange(prefill_len, device=self.device).expand(self.num_kv_heads, -1)
+        context = attention.StepContext(self.method, [prompt_positions] * self.num_layers)
+        evict_s = 0.0
+        start = time.perf_counter()
+        with attention.active(context):
+            logits = self._forward(input_ids, 0, cache)
+            plan = self.method.keep(0, context.positions)
+        evict_s += self._apply(plan, context, cache)
+        prefill_s = time.perf_counter() - start
+        if self.on_step:
+            self.on_step(0, context, cache)
+        full_token_bytes = kv_cache.bytes_per_token(cache)
+        tokens = [self.sampling.choose(logits, generator)]
+        max_cache_len = 0
+        start = time.perf_counter()
+        step = 0
+        while (
+            len(tokens) < max_new_tokens and tokens[-1] not in stop_token_ids and not (stop and stop(tokens))
+        ):
+            step += 1
+            position = prefill_len + step - 1
+            newest = torch.full((self.num_kv_heads, 1), position, device=self.device)
+            context.positions = [torch.cat([p, newest], dim=1) for p in context.positions]
+            context.step = step
+            context.observe = self.method.observes(step)
+            context.attention = self.method.needs_attention(step)
+            with attention.active(context):
+                logits = self._forward([tokens[-1]], position, cache)
+            choose_start = time.perf_counter()
+            plan = self.method.keep(step, context.positions)
+            context.score_s += time.perf_counter() - choose_start
+            evict_s += self._apply(plan, context, cache)
+            max_cache_len = max(max_cache_len, *kv_cache.cache_lengths(cache))
+            if self.on_step:
+                self.on_step(step, context, cache)
+            tokens.append(self.sampling.choose(logits, generator))
+        decode_s = time.perf_counter() - start
+        return Generation(
+            tokens=tokens,
+            prefill_len=prefill_len,
+            budget=self.method.budget(),
+            cache_len_final=max(kv_cache.cache_lengths(cache)),
+            kv_bytes_final=kv_cache.cache_bytes(cache),
+            kv_bytes_full=full_token_bytes * (prefill_len + step),
+            prefill_s=prefill_s,
+            decode_s=decode_s,
+            score_s=context.score_s,
+            evict_s=evict_s,
+            max_cache_len=max_cache_len,
+        )

@@ -1,0 +1,48 @@
+"""Next-token choice: greedy, or temperature / top-k / top-p sampling under a seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Sampling:
+    """Decoding parameters.
+
+    Parameters:
+        temperature: 0 for greedy decoding (the default: eviction comparisons are paired).
+        top_k: keep the k most likely tokens (0: all).
+        top_p: nucleus mass (1.0: all).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = no limit)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} is outside (0, 1]")
+
+    def choose(self, logits: Tensor, generator: torch.Generator | None) -> int:
+        """Pick the next token from one row of logits."""
+        if self.temperature == 0.0:
+            return int(logits.argmax())
+        scores = logits.float() / self.temperature
+        if self.top_k:
+            threshold = scores.topk(min(self.top_k, scores.numel())).values[-1]
+            scores = scores.masked_fill(scores < threshold, -torch.inf)
+        if self.top_p < 1.0:
+            ordered, order = scores.sort(descending=True)
+            mass = ordered.softmax(-1).cumsum(-1)
+            # Drop a token once the mass before it already reaches top_p; the first always stays.
+            drop = (mass - ordered.softmax(-1)) >= self.top_p
+            scores = scores.scatter(0, order, ordered.masked_fill(drop, -torch.inf))
+        probs = scores.softmax(-1).cpu()
+        return int(torch.multinomial(probs, 1, generator=generator))

@@ -1,0 +1,1 @@
+"""Per-step importance signals; pick one with ``method/scorer=<name>``."""

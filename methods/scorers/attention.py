@@ -1,0 +1,18 @@
+"""Last-query attention, the signal of TOVA, H2O and InertiaKV."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from methods.base import LayerView
+from methods.scorers.base import Scorer, group_mean
+
+
+@dataclass
+class AttentionScorer(Scorer):
+    """Softmax weight of the current query on each entry, mean over the query heads of a KV head."""
+
+    def score(self, view: LayerView) -> Tensor:
+        return group_mean(view)

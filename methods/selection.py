@@ -1,0 +1,87 @@
+"""Which cached entries survive: budget, protected sinks and recent window, granularity."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+GRANULARITIES = ("token", "layer", "head")
+
+
+@dataclass
+class Selection:
+    """Budget and protection rules shared by every scored method.
+
+    The budget is ``B = floor((1 - rho) * L0)`` entries per layer and KV head (InertiaKV's
+    definition, L0 the prompt length), or ``budget_tokens`` when given. ``rho = 0`` without
+    ``budget_tokens`` means no eviction at all.
+
+    Parameters:
+        rho: compression ratio in [0, 1).
+        budget_tokens: fixed budget overriding ``rho``.
+        sinks: leading positions always kept (StreamingLLM's attention sinks).
+        window: most recent positions always kept.
+        recent_fraction: alternatively protect this fraction of B as recent window
+            (H2O splits its budget half heavy hitters, half recent); the larger of the two wins.
+        granularity: ``token`` (one keep set shared by all layers and heads), ``layer`` (one
+            per layer, shared by its heads) or ``head`` (one per layer and KV head).
+    """
+
+    rho: float = 0.0
+    budget_tokens: int | None = None
+    sinks: int = 0
+    window: int = 0
+    recent_fraction: float = 0.0
+    granularity: str = "token"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.rho < 1.0:
+            raise ValueError(
+                f"rho={self.rho} is outside [0, 1): rho is the fraction of the prompt cache evicted"
+            )
+        if self.budget_tokens is not None and self.budget_tokens < 1:
+            raise ValueError(f"budget_tokens={self.budget_tokens} must be a positive number of cache entries")
+        if self.sinks < 0 or self.window < 0:
+            raise ValueError(f"sinks={self.sinks} and window={self.window} must be >= 0")
+        if not 0.0 <= self.recent_fraction < 1.0:
+            raise ValueError(f"recent_fraction={self.recent_fraction} is outside [0, 1)")
+        if self.granularity not in GRANULARITIES:
+            raise ValueError(f"granularity={self.granularity!r} is not one of {GRANULARITIES}")
+
+    def recent(self, budget: int) -> int:
+        """Size of the protected recent window under ``budget``."""
+        return max(self.window, math.floor(self.recent_fraction * budget))
+
+    def budget_for(self, prefill_len: int) -> int | None:
+        """The budget for a prompt of ``prefill_len`` tokens; None when nothing is evicted."""
+        if self.budget_tokens is not None:
+            budget = self.budget_tokens
+            origin = f"budget_tokens={budget}"
+        elif self.rho == 0.0:
+            return None
+        else:
+            # The epsilon keeps (1 - 0.9) * 1000 from flooring to 99.
+            budget = math.floor((1.0 - self.rho) * prefill_len + 1e-9)
+            origin = f"rho={self.rho} of L0={prefill_len}"
+        protected = self.sinks + self.recent(budget)
+        if budget < max(protected, 1):
+            raise ValueError(
+                f"budget B={budget} ({origin}) is smaller than sinks+window={self.sinks}+{self.recent(budget)}"
+                f"={protected}: lower rho, or shrink sinks/window"
+            )
+        return budget
+
+    def select(self, priority: Tensor, positions: Tensor, seen: int, budget: int) -> Tensor:
+        """Indices (sorted, per row) of the ``budget`` entries to keep.
+
+        Parameters:
+            priority: ``(rows, T)`` higher is kept first.
+            positions: ``(rows, T)`` absolute positions of the entries.
+            seen: tokens seen so far; positions ``>= seen - recent`` are protected.
+        """
+        protected = (positions < self.sinks) | (positions >= seen - self.recent(budget))
+        ranked = priority.masked_fill(protected, torch.inf)
+        return ranked.topk(budget, dim=-1).indices.sort(dim=-1).values

@@ -1,0 +1,84 @@
+"""SnapKV (Li et al. 2024, arXiv:2404.14469): prefill-time selection from an observation window."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
+from methods.selection import Selection
+
+POOLINGS = ("max", "avg")
+
+
+@dataclass
+class SnapKV(EvictionMethod):
+    """Keep, per KV head, the prompt entries the last prompt queries attend to most.
+
+    The attention of the observation window (the last ``selection.window`` prompt queries) on
+    the earlier entries is summed over those queries, averaged over each KV head's query
+    group and smoothed along positions by 1-D pooling; the top entries plus the window itself
+    fill the budget. Selection happens once after the prefill; the cache then grows.
+
+    Parameters:
+        selection: budget (granularity ``head``); ``window`` is the observation window (paper: 32).
+        kernel_size: pooling kernel along positions (paper: 7).
+        pooling: ``max`` (paper) or ``avg``.
+        name: label for records and tables.
+    """
+
+    selection: Selection
+    kernel_size: int = 7
+    pooling: str = "max"
+    name: str = "snapkv"
+
+    def __post_init__(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling={self.pooling!r} is not one of {POOLINGS}")
+        if self.kernel_size < 1 or self.kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size={self.kernel_size} must be a positive odd number")
+        if self.selection.granularity != "head":
+            raise ValueError(
+                f"SnapKV selects per KV head: granularity={self.selection.granularity!r} must be 'head'"
+            )
+        if self.selection.window < 1:
+            raise ValueError("SnapKV needs an observation window: selection.window >= 1")
+
+    def begin(self, info: SequenceInfo) -> None:
+        super().begin(info)
+        self._budget = self.selection.budget_for(info.prefill_len)
+        self._scores: dict[int, Tensor] = {}
+
+    def budget(self) -> int | None:
+        return self._budget
+
+    @property
+    def wants_prefill_queries(self) -> int:
+        return self.selection.window if self._budget is not None else 0
+
+    def observe_prefill(self, view: LayerView) -> None:
+        kv_heads, length, dim = view.keys.shape
+        queries = view.queries.float()
+        window = queries.shape[1]
+        grouped = queries.view(kv_heads, -1, window, dim)
+        logits = torch.matmul(grouped, view.keys.float().transpose(-1, -2).unsqueeze(1)) * view.scaling
+        query_pos = torch.arange(length - window, length, device=logits.device)
+        future = torch.arange(length, device=logits.device)[None, :] > query_pos[:, None]
+        weights = logits.masked_fill(future, -torch.inf).softmax(dim=-1)
+        votes = weights.sum(dim=2).mean(dim=1)
+        pool = torch.nn.functional.max_pool1d if self.pooling == "max" else torch.nn.functional.avg_pool1d
+        pad = self.kernel_size // 2
+        self._scores[view.layer] = pool(votes.unsqueeze(1), self.kernel_size, stride=1, padding=pad).squeeze(
+            1
+        )
+
+    def keep(self, step: int, positions: list[Tensor]) -> KeepPlan | None:
+        if self._budget is None or step != 0 or positions[0].shape[-1] <= self._budget:
+            return None
+        seen = self.info.prefill_len
+        return [
+            self.selection.select(self._scores.pop(layer), layer_positions, seen, self._budget)
+            for layer, layer_positions in enumerate(positions)
+        ]
