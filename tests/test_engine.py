@@ -1,0 +1,227 @@
+"""The engine invariants of DESIGN.md, on tiny random Llama / Qwen2 / Qwen3 / Mistral models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import NAMED_METHODS, TINY_MODELS, named_method
+
+from harness import attention, kv_cache
+from harness.engine import Engine
+from harness.sampling import Sampling
+from methods.full import FullCache
+
+PROMPT_LEN = 96
+NEW_TOKENS = 24
+
+
+def prompt(seed: int, length: int = PROMPT_LEN) -> list[int]:
+    return torch.randint(0, 49152, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def reference(model, ids: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
+    model.set_attn_implementation("sdpa")
+    out = model.generate(
+        torch.tensor([ids]), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+    )
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize("model_name", TINY_MODELS)
+def test_no_eviction_matches_generate_for_every_method(tiny_models, model_name):
+    model = tiny_models[model_name]
+    ids = prompt(1)
+    expected = reference(model, ids)
+    for name in NAMED_METHODS:
+        variants = (
+            [["rho=0"]]
+            if name == "full"
+            else [["rho=0"], ["rho=0.5", "method.selection.budget_tokens=100000"]]
+        )
+        for overrides in variants:
+            method = named_method(name, *overrides)
+            tokens = Engine(model, method).generate(ids, NEW_TOKENS).tokens
+            assert tokens == expected, f"{name} {overrides} diverged from model.generate"
+
+
+def record_steps(engine: Engine):
+    seen = []
+
+    def hook(step, context, cache):
+        seen.append(
+            {
+                "step": step,
+                "lengths": kv_cache.cache_lengths(cache),
+                "positions": [p.clone() for p in context.positions],
+                "layers": [(k.clone(), v.clone()) for k, v in kv_cache.layer_tensors(cache)],
+                "storage": [k.untyped_storage().nbytes() for k, _ in kv_cache.layer_tensors(cache)],
+            }
+        )
+
+    engine.on_step = hook
+    return seen
+
+
+@pytest.mark.parametrize("name", ["inertia", "inertia_lazy", "score_free", "tova", "h2o", "streaming_llm"])
+def test_budget_held_physically_after_every_decode_step(tiny_models, name):
+    model = tiny_models["tiny_llama"]
+    engine = Engine(model, named_method(name, "rho=0.5"))
+    steps = record_steps(engine)
+    result = engine.generate(prompt(2), NEW_TOKENS)
+    budget = PROMPT_LEN // 2
+    assert result.budget == budget
+    decode = [s for s in steps if s["step"] >= 1]
+    assert len(decode) == NEW_TOKENS - 1
+    for s in decode:
+        assert s["lengths"] == [budget] * len(s["lengths"]), s["step"]
+        keys, values = s["layers"][0]
+        assert keys.shape[-2] == values.shape[-2] == budget
+    # Gathered into new tensors: no storage of the uncompressed cache stays alive.
+    bytes_per_layer = 2 * budget * keys.shape[1] * keys.shape[-1] * keys.element_size()
+    assert steps[-1]["storage"] == [bytes_per_layer // 2] * len(steps[-1]["storage"])
+    assert result.kv_bytes_final == bytes_per_layer * model.config.num_hidden_layers
+    full_len = PROMPT_LEN + NEW_TOKENS - 1
+    assert result.kv_bytes_final / result.kv_bytes_full == pytest.approx(budget / full_len)
+    assert result.cache_len_final == budget
+
+
+@pytest.mark.parametrize("model_name", TINY_MODELS)
+def test_new_tokens_keep_absolute_positions(tiny_models, model_name):
+    """Layer-0 keys depend only on the token and its RoPE position: under eviction they must
+    equal the full-cache keys of the same token at the same absolute position."""
+    model = tiny_models[model_name]
+    ids = prompt(3)
+    full = Engine(model, FullCache())
+    full_steps = record_steps(full)
+    full_tokens = full.generate(ids, 6).tokens
+    evicting = Engine(model, named_method("streaming_llm", "rho=0.75"))
+    evict_steps = record_steps(evicting)
+    evict_tokens = evicting.generate(ids, 6).tokens
+    # Step-1 logits come from the full prompt, so the first two tokens always agree.
+    assert evict_tokens[:2] == full_tokens[:2]
+    step2 = evict_steps[2]
+    newest = PROMPT_LEN + 1
+    layer0_positions = step2["positions"][0]
+    assert int(layer0_positions.max()) == newest
+    assert step2["lengths"][0] == PROMPT_LEN // 4
+    slot = int((layer0_positions[0] == newest).nonzero())
+    evicted_key = step2["layers"][0][0][0, :, slot]
+    full_key = full_steps[2]["layers"][0][0][0, :, newest]
+    torch.testing.assert_close(evicted_key, full_key, rtol=1e-5, atol=1e-6)
+
+
+def test_per_head_keep_sets_are_gathered_physically(tiny_models):
+    model = tiny_models["tiny_qwen2"]
+    ids = prompt(4)
+    full = Engine(model, FullCache())
+    full_steps = record_steps(full)
+    full.generate(ids, 2)
+    h2o = Engine(model, named_method("h2o", "rho=0.5"))
+    h2o_steps = record_steps(h2o)
+    h2o.generate(ids, 2)
+    after = h2o_steps[1]
+    keys = after["layers"][0][0]
+    positions = after["positions"][0]
+    assert keys.shape == (1, 2, PROMPT_LEN // 2, 16)
+    assert not torch.equal(positions[0], positions[1]), "KV heads should keep different entries"
+    full_keys = full_steps[1]["layers"][0][0]
+    for head in range(2):
+        torch.testing.assert_close(keys[0, head], full_keys[0, head, positions[head]])
+
+
+def test_scores_come_from_the_attention_already_computed(tiny_models, monkeypatch):
+    model = tiny_models["tiny_llama"]
+    layers = model.config.num_hidden_layers
+    sdpa_calls = []
+    original = attention.sdpa_attention_forward
+
+    def counting(module, query, *args, **kwargs):
+        sdpa_calls.append(query.shape[2])
+        return original(module, query, *args, **kwargs)
+
+    monkeypatch.setattr(attention, "sdpa_attention_forward", counting)
+    for name, observed_steps in (("inertia", NEW_TOKENS - 1), ("inertia_lazy", 6)):
+        sdpa_calls.clear()
+        engine = Engine(model, named_method(name, "rho=0.5"))
+        contexts = []
+        engine.on_step = lambda step, context, cache, contexts=contexts: contexts.append(context)
+        engine.generate(prompt(5), NEW_TOKENS)
+        context = contexts[-1]
+        # One explicit attention per layer per observed step, nothing else at those steps.
+        assert context.attention_calls == {layer: observed_steps for layer in range(layers)}
+        decode_sdpa = [q for q in sdpa_calls if q == 1]
+        assert len(decode_sdpa) == layers * (NEW_TOKENS - 1 - observed_steps)
+
+
+def test_single_query_attention_matches_sdpa():
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 6, 1, 16, generator=generator)
+    key = torch.randn(1, 2, 40, 16, generator=generator)
+    value = torch.randn(1, 2, 40, 16, generator=generator)
+    output, weights = attention.single_query_attention(query, key, value, 0.25, None)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query, key.repeat_interleave(3, dim=1), value.repeat_interleave(3, dim=1), scale=0.25
+    )
+    torch.testing.assert_close(output, expected.transpose(1, 2))
+    assert weights.shape == (2, 3, 40)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3))
+    bias = torch.zeros(2, 40)
+    bias[:, 7] = -torch.inf
+    _, masked = attention.single_query_attention(query, key, value, 0.25, bias)
+    assert torch.all(masked[:, :, 7] == 0)
+
+
+def test_every_sequence_starts_fresh_and_evicts_every_step(tiny_models):
+    model = tiny_models["tiny_mistral"]
+    engine = Engine(model, named_method("inertia", "rho=0.5"))
+    alone = engine.generate(prompt(7), NEW_TOKENS).tokens
+    steps = record_steps(engine)
+    engine.generate(prompt(6, length=80), NEW_TOKENS)
+    first = list(steps)
+    steps.clear()
+    again = engine.generate(prompt(7), NEW_TOKENS).tokens
+    assert again == alone
+    for trace, budget in ((first, 40), (steps, PROMPT_LEN // 2)):
+        lengths_before = [s["lengths"][0] for s in trace]
+        assert lengths_before[0] == budget * 2, "the prefill keeps the whole prompt"
+        assert all(length == budget for length in lengths_before[1:]), "eviction at every decode step"
+
+
+def test_sampling_is_reproducible_under_a_seed(tiny_models):
+    model = tiny_models["tiny_llama"]
+    engine = Engine(model, named_method("inertia", "rho=0.5"), Sampling(temperature=1.0, top_p=0.9, top_k=50))
+    a = engine.generate(prompt(8), NEW_TOKENS, seed=11).tokens
+    b = engine.generate(prompt(8), NEW_TOKENS, seed=11).tokens
+    c = engine.generate(prompt(8), NEW_TOKENS, seed=12).tokens
+    assert a == b
+    assert a != c
+
+
+def test_sampling_filters():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    generator = torch.Generator().manual_seed(0)
+    assert {Sampling(temperature=1.0, top_k=1).choose(logits, generator) for _ in range(20)} == {0}
+    # top_p=0.6: token 0 holds 0.64 of the mass, so it alone survives.
+    assert {Sampling(temperature=1.0, top_p=0.6).choose(logits, generator) for _ in range(20)} == {0}
+    # Mass 0.64, 0.24, 0.09, 0.03: the smallest set reaching 0.85 is {0, 1}; reaching 0.9 adds 2.
+    assert {Sampling(temperature=1.0, top_p=0.85).choose(logits, generator) for _ in range(300)} == {0, 1}
+    assert {Sampling(temperature=1.0, top_p=0.9).choose(logits, generator) for _ in range(300)} == {0, 1, 2}
+    assert Sampling().choose(logits, None) == 0
+    with pytest.raises(ValueError, match="top_p=1.5"):
+        Sampling(top_p=1.5)
+
+
+def test_stop_tokens_end_generation(tiny_models):
+    model = tiny_models["tiny_llama"]
+    ids = prompt(9)
+    tokens = Engine(model, FullCache()).generate(ids, NEW_TOKENS).tokens
+    stopped = Engine(model, FullCache()).generate(ids, NEW_TOKENS, stop_token_ids={tokens[3]}).tokens
+    assert stopped == tokens[: tokens.index(tokens[3]) + 1]
+
+
+def test_budget_below_protected_entries_is_refused(tiny_models):
+    engine = Engine(tiny_models["tiny_llama"], named_method("snapkv", "rho=0.9"))
+    with pytest.raises(
+        ValueError, match=r"budget B=9 \(rho=0.9 of L0=96\) is smaller than sinks\+window=0\+32"
+    ):
+        engine.check(PROMPT_LEN, 8)
