@@ -75,7 +75,7 @@ def single_query_attention(
     grouped = query.view(1, kv_heads, heads // kv_heads, dim)
     logits = torch.matmul(grouped, key.transpose(-1, -2)) * scaling
     if bias is not None:
-        logits = logits + bias[None, :, None, :].to(logits.dtype)
+        logits = logits + bias[None, :, None, :].to(logits)
     weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
     output = torch.matmul(weights, value).view(1, heads, 1, dim).transpose(1, 2)
     return output, weights[0]

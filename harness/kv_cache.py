@@ -36,6 +36,8 @@ def gather_rows(tensor: Tensor, index: Tensor) -> Tensor:
 def evict(cache: DynamicCache, plan: list[Tensor]) -> None:
     """Physically keep ``plan[layer]`` entries of every layer."""
     for layer, index in zip(cache.layers, plan, strict=True):
+        # Layers of a sharded model live on different devices.
+        index = index.to(layer.keys.device)
         layer.keys = gather_rows(layer.keys, index)
         layer.values = gather_rows(layer.values, index)
 

@@ -35,6 +35,8 @@ class ModelSpec:
         config: architecture fields for ``random`` models (``model_type`` plus sizes).
         dtype: ``auto`` (bf16 on CUDA, fp32 on CPU) or a torch dtype name.
         device: ``auto`` (CUDA when available) or a torch device string.
+        device_map: passed to ``from_pretrained`` to shard a large model over several GPUs
+            (``auto``); the model then stays where it was placed.
         seed: weight initialisation seed for ``random`` models.
         install_hint: the command that provides a missing ``gguf_package``.
     """
@@ -47,6 +49,7 @@ class ModelSpec:
     config: dict[str, Any] = field(default_factory=dict)
     dtype: str = "auto"
     device: str = "auto"
+    device_map: str | None = None
     seed: int = 0
     install_hint: str | None = None
 
@@ -124,7 +127,18 @@ def load_tokenizer(spec: ModelSpec) -> Any:
         return load_tokenizer(ModelSpec(**spec.tokenizer))
     if spec.source == "gguf_package":
         return AutoTokenizer.from_pretrained(_converted_folder(spec))
-    return AutoTokenizer.from_pretrained(spec.path)
+    return _from_hub(AutoTokenizer.from_pretrained, spec)
+
+
+def _from_hub(loader: Any, spec: ModelSpec, **kwargs: Any) -> Any:
+    try:
+        return loader(spec.path, **kwargs)
+    except OSError as error:
+        raise OSError(
+            f"model {spec.name!r}: {spec.path!r} is neither a local folder nor in the Hugging Face cache, "
+            f"and the hub could not be reached. Download it first (`hf download {spec.path}`) on a machine "
+            "with network access, or point model.path at a local copy."
+        ) from error
 
 
 def load_model(spec: ModelSpec) -> PreTrainedModel:
@@ -136,7 +150,8 @@ def load_model(spec: ModelSpec) -> PreTrainedModel:
         config = AutoConfig.for_model(fields.pop("model_type"), **fields)
         torch.manual_seed(spec.seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    elif spec.source == "gguf_package":
+        model = AutoModelForCausalLM.from_pretrained(_converted_folder(spec), dtype=dtype)
     else:
-        where = _converted_folder(spec) if spec.source == "gguf_package" else spec.path
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype)
-    return model.to(device).eval()
+        model = _from_hub(AutoModelForCausalLM.from_pretrained, spec, dtype=dtype, device_map=spec.device_map)
+    return model.eval() if spec.device_map else model.to(device).eval()

@@ -81,7 +81,7 @@ class ScoredEviction(EvictionMethod):
         return positions if self.selection.granularity == "head" else positions[:1]
 
     def observe(self, view: LayerView) -> None:
-        scores = self.scorer.score(view).to(self.state.dtype)
+        scores = self.scorer.score(view).to(self.state.device, self.state.dtype)
         if self.selection.granularity != "head":
             scores = scores.mean(dim=0, keepdim=True)
         rows = self._state_rows(view.layer)
