@@ -1,0 +1,489 @@
+"""ScoredEviction driven the way harness.engine drives it, against hand-computed states and keep sets.
+
+Per decode step t: every layer's ``observe`` if ``observes(t)``, then ``keep(t, positions)`` with
+``positions[layer]`` the ``(kv_heads, T)`` absolute positions now cached (the newest included).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra.utils
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from torch import Tensor
+
+from methods.aggregation import EMA, Cumulative, SingleStep
+from methods.base import LayerView, SequenceInfo
+from methods.full import FullCache
+from methods.scored import ScoredEviction
+from methods.scorers.attention import AttentionScorer
+from methods.scorers.recency import RecencyScorer
+from methods.scorers.vnorm import VNormScorer
+from methods.selection import Selection
+from methods.snapkv import SnapKV
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+A = 0.8
+HEAD_DIM = 2
+
+
+def seq(prefill_len: int, layers: int, kv_heads: int, group: int, max_new: int = 16) -> SequenceInfo:
+    return SequenceInfo(
+        prefill_len=prefill_len,
+        num_layers=layers,
+        num_kv_heads=kv_heads,
+        num_query_heads=kv_heads * group,
+        max_new_tokens=max_new,
+    )
+
+
+def prompt_positions(prefill_len: int, layers: int, kv_heads: int) -> list[Tensor]:
+    return [torch.arange(prefill_len).expand(kv_heads, -1)] * layers
+
+
+def append_newest(positions: list[Tensor], newest: int) -> list[Tensor]:
+    return [torch.cat([p, torch.full((p.shape[0], 1), newest)], dim=1) for p in positions]
+
+
+def gather(positions: list[Tensor], plan: list[Tensor] | None) -> list[Tensor]:
+    if plan is None:
+        return positions
+    out = []
+    for p, index in zip(positions, plan, strict=True):
+        out.append(p[:, index] if index.dim() == 1 else p.gather(1, index))
+    return out
+
+
+def step(
+    method: ScoredEviction, t: int, positions: list[Tensor], weights: list[Tensor] | None = None
+) -> tuple[list[Tensor] | None, list[Tensor]]:
+    """One decode step in the engine's order; ``positions`` already holds the newest entry."""
+    if method.observes(t):
+        for layer, layer_positions in enumerate(positions):
+            kv_heads, length = layer_positions.shape
+            view = LayerView(
+                layer=layer,
+                keys=torch.ones(kv_heads, length, HEAD_DIM),
+                values=torch.ones(kv_heads, length, HEAD_DIM),
+                positions=layer_positions,
+                weights=None if weights is None or not method.needs_attention(t) else weights[layer],
+            )
+            method.observe(view)
+    plan = method.keep(t, positions)
+    return plan, gather(positions, plan)
+
+
+def spread(scores: Tensor, offsets: Tensor) -> Tensor:
+    """Weights ``(kv, group, T)`` averaging to ``scores`` over all query heads (zero-mean offsets)."""
+    assert abs(offsets.sum().item()) < 1e-7
+    return scores[None, None, :] + offsets[:, :, None]
+
+
+OFFSETS = torch.tensor([[0.01, -0.03], [0.005, 0.015]])  # per (kv head, group) shift, zero mean
+S1 = [
+    torch.tensor([0.10, 0.20, 0.30, 0.15, 0.05, 0.20]),
+    torch.tensor([0.30, 0.10, 0.10, 0.20, 0.20, 0.10]),
+    torch.tensor([0.05, 0.05, 0.40, 0.30, 0.10, 0.10]),
+]
+S2 = [
+    torch.tensor([0.20, 0.10, 0.00, 0.30, 0.10, 0.20, 0.10]),
+    torch.tensor([0.05, 0.15, 0.25, 0.05, 0.20, 0.10, 0.20]),
+    torch.tensor([0.40, 0.00, 0.10, 0.10, 0.10, 0.10, 0.20]),
+]
+
+
+def run_two_steps(aggregator, granularity: str) -> ScoredEviction:
+    """K=3 layers, 2 KV heads x group 2, L0=5, no eviction (budget 100): two observed steps."""
+    method = ScoredEviction(AttentionScorer(), aggregator, Selection(budget_tokens=100, granularity=granularity))
+    method.begin(seq(prefill_len=5, layers=3, kv_heads=2, group=2))
+    positions = append_newest(prompt_positions(5, 3, 2), 5)
+    plan, positions = step(method, 1, positions, [spread(s, OFFSETS) for s in S1])
+    assert plan is None
+    positions = append_newest(positions, 6)
+    plan, positions = step(method, 2, positions, [spread(s, OFFSETS) for s in S2])
+    assert plan is None
+    return method
+
+
+def pad(x: Tensor, length: int) -> Tensor:
+    return torch.cat([x, torch.zeros(length - x.shape[0])])
+
+
+# ------------------------------------------------------------------------------------ aggregation
+
+
+def test_ema_token_state_is_layer_weighted_closed_form_within_one_step() -> None:
+    method = ScoredEviction(AttentionScorer(), EMA(alpha=A), Selection(budget_tokens=100))
+    method.begin(seq(prefill_len=5, layers=3, kv_heads=2, group=2))
+    positions = append_newest(prompt_positions(5, 3, 2), 5)
+    step(method, 1, positions, [spread(s, OFFSETS) for s in S1])
+    K = 3
+    expected = sum((1 - A) * A ** (K - 1 - layer) * S1[layer] for layer in range(K))
+    torch.testing.assert_close(method.state[0, 0, :6], expected)
+    # Hand-expanded: 0.2*0.64*s1 + 0.2*0.8*s2 + 0.2*s3.
+    torch.testing.assert_close(method.state[0, 0, :6], 0.128 * S1[0] + 0.16 * S1[1] + 0.2 * S1[2])
+    assert method.state.shape == (1, 1, 5 + 16 + 1)
+    assert not method.state[0, 0, 6:].any()
+
+
+def test_ema_token_state_across_two_steps_decays_the_older_step_by_alpha_to_the_k() -> None:
+    method = run_two_steps(EMA(alpha=A), "token")
+    K = 3
+    first = sum((1 - A) * A ** (K - 1 - layer) * S1[layer] for layer in range(K))
+    second = sum((1 - A) * A ** (K - 1 - layer) * S2[layer] for layer in range(K))
+    torch.testing.assert_close(method.state[0, 0, :7], A**K * pad(first, 7) + second)
+
+
+def test_cumulative_token_state_is_the_sum_of_all_layer_scores() -> None:
+    method = run_two_steps(Cumulative(), "token")
+    expected = sum(pad(s, 7) for s in S1) + sum(S2)
+    torch.testing.assert_close(method.state[0, 0, :7], expected)
+
+
+def test_single_step_token_state_is_the_last_layers_score() -> None:
+    method = run_two_steps(SingleStep(), "token")
+    torch.testing.assert_close(method.state[0, 0, :7], S2[-1])
+
+
+def test_ema_layer_granularity_keeps_one_independent_state_per_layer() -> None:
+    method = run_two_steps(EMA(alpha=A), "layer")
+    assert method.state.shape[:2] == (3, 1)
+    for layer in range(3):
+        expected = A * (1 - A) * pad(S1[layer], 7) + (1 - A) * S2[layer]
+        torch.testing.assert_close(method.state[layer, 0, :7], expected)
+
+
+def test_ema_head_granularity_keeps_one_independent_state_per_layer_and_head() -> None:
+    method = run_two_steps(EMA(alpha=A), "head")
+    assert method.state.shape[:2] == (3, 2)
+    group_mean = OFFSETS.mean(dim=1)  # -0.01 for head 0, +0.01 for head 1
+    for layer in range(3):
+        for head in range(2):
+            first = pad(S1[layer] + group_mean[head], 7)
+            second = S2[layer] + group_mean[head]
+            torch.testing.assert_close(method.state[layer, head, :7], A * (1 - A) * first + (1 - A) * second)
+
+
+# ------------------------------------------------------------------------------------ granularity
+
+
+def test_token_granularity_keep_is_one_set_shared_by_all_layers() -> None:
+    method = ScoredEviction(AttentionScorer(), SingleStep(), Selection(budget_tokens=3))
+    method.begin(seq(prefill_len=4, layers=2, kv_heads=2, group=1))
+    positions = append_newest(prompt_positions(4, 2, 2), 4)
+    layer0 = torch.tensor([0.10, 0.90, 0.10, 0.80, 0.10])
+    layer1 = torch.tensor([0.30, 0.05, 0.60, 0.15, 0.20])
+    w = [layer0.expand(2, 1, -1), layer1.expand(2, 1, -1)]
+    plan, positions = step(method, 1, positions, w)
+    # SingleStep under shared state: the last layer overwrites the first; one set for all layers.
+    assert plan is not None and len(plan) == 2
+    assert plan[0].dim() == 1
+    assert plan[0].tolist() == plan[1].tolist() == [0, 2, 4]
+    assert positions[0].tolist() == positions[1].tolist() == [[0, 2, 4], [0, 2, 4]]
+
+
+def test_layer_granularity_keep_sets_are_independent_per_layer() -> None:
+    method = ScoredEviction(AttentionScorer(), SingleStep(), Selection(budget_tokens=4, granularity="layer"))
+    method.begin(seq(prefill_len=6, layers=2, kv_heads=2, group=1))
+    positions = append_newest(prompt_positions(6, 2, 2), 6)
+    # Per layer the two KV heads disagree; only their mean decides.
+    layer0 = torch.tensor([[[0.4, 0.0, 0.3, 0.1, 0.0, 0.1, 0.1]], [[0.0, 0.4, 0.1, 0.3, 0.1, 0.0, 0.1]]])
+    layer1 = torch.tensor([[[0.0, 0.0, 0.1, 0.3, 0.2, 0.2, 0.2]], [[0.1, 0.0, 0.0, 0.1, 0.2, 0.3, 0.3]]])
+    plan, positions = step(method, 1, positions, [layer0, layer1])
+    assert plan is not None
+    assert plan[0].tolist() == [0, 1, 2, 3]
+    assert plan[1].tolist() == [3, 4, 5, 6]
+    assert positions[0].tolist() == [[0, 1, 2, 3]] * 2
+    assert positions[1].tolist() == [[3, 4, 5, 6]] * 2
+
+
+def test_head_granularity_keep_returns_per_head_sets_of_equal_count() -> None:
+    method = ScoredEviction(AttentionScorer(), SingleStep(), Selection(budget_tokens=4, granularity="head"))
+    method.begin(seq(prefill_len=8, layers=2, kv_heads=2, group=1))
+    positions = append_newest(prompt_positions(8, 2, 2), 8)
+    w0 = torch.tensor(
+        [
+            [[0.90, 0.10, 0.80, 0.20, 0.70, 0.30, 0.60, 0.40, 0.00]],
+            [[0.10, 0.90, 0.20, 0.80, 0.30, 0.70, 0.40, 0.60, 0.00]],
+        ]
+    )
+    w1 = torch.tensor(
+        [
+            [[0.00, 0.10, 0.20, 0.30, 0.40, 0.50, 0.60, 0.70, 0.80]],
+            [[0.80, 0.70, 0.60, 0.50, 0.40, 0.30, 0.20, 0.10, 0.00]],
+        ]
+    )
+    plan, positions = step(method, 1, positions, [w0, w1])
+    assert plan is not None
+    assert [p.shape for p in plan] == [(2, 4), (2, 4)]
+    assert plan[0].tolist() == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert plan[1].tolist() == [[5, 6, 7, 8], [0, 1, 2, 3]]
+    assert positions[0].tolist() == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+    # Step 2: each head's cache now holds different positions; scores land on those positions.
+    positions = append_newest(positions, 9)
+    w0 = torch.tensor([[[0.1, 0.5, 0.4, 0.3, 0.2]], [[0.5, 0.4, 0.3, 0.2, 0.1]]])
+    w1 = torch.tensor([[[0.5, 0.1, 0.4, 0.3, 0.2]], [[0.3, 0.2, 0.1, 0.5, 0.4]]])
+    plan, positions = step(method, 2, positions, [w0, w1])
+    assert plan[0].tolist() == [[1, 2, 3, 4], [0, 1, 2, 3]]
+    assert plan[1].tolist() == [[0, 2, 3, 4], [0, 1, 3, 4]]
+    assert positions[0].tolist() == [[2, 4, 6, 9], [1, 3, 5, 7]]
+    assert positions[1].tolist() == [[5, 7, 8, 9], [0, 1, 3, 9]]
+    # State lives over absolute positions, per layer and head.
+    assert method.state[0, 0, 2].item() == pytest.approx(0.5)
+    assert method.state[1, 1, 3].item() == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------------------------ keep timing
+
+
+def test_keep_is_none_at_step_zero_and_within_budget() -> None:
+    method = ScoredEviction(AttentionScorer(), EMA(), Selection(budget_tokens=5))
+    method.begin(seq(prefill_len=20, layers=2, kv_heads=1, group=1))
+    # Over budget after the prefill, but decode-time methods never evict at step 0.
+    assert method.keep(0, prompt_positions(20, 2, 1)) is None
+
+    method.begin(seq(prefill_len=3, layers=2, kv_heads=1, group=1))
+    positions = append_newest(prompt_positions(3, 2, 1), 3)
+    w = [torch.full((1, 1, 4), 0.25)] * 2
+    plan, positions = step(method, 1, positions, w)
+    assert plan is None  # 4 <= 5
+    positions = append_newest(positions, 4)
+    plan, positions = step(method, 2, positions, [torch.full((1, 1, 5), 0.2)] * 2)
+    assert plan is None  # 5 <= 5
+    positions = append_newest(positions, 5)
+    plan, positions = step(method, 3, positions, [torch.tensor([[[0.3, 0.1, 0.2, 0.2, 0.1, 0.1]]])] * 2)
+    assert plan is not None and positions[0].shape == (1, 5)
+
+
+def test_begin_resets_state_per_sequence() -> None:
+    method = run_two_steps(Cumulative(), "token")
+    assert method.state.any()
+    method.begin(seq(prefill_len=30, layers=3, kv_heads=2, group=2, max_new=4))
+    assert method.state.shape == (1, 1, 30 + 4 + 1)
+    assert not method.state.any()
+
+
+# ------------------------------------------------------------------------------------ lazy refresh
+
+# One layer, one head, L0=6, budget 5, EMA(0.8): the hand-computed trajectory.
+W1 = torch.tensor([0.30, 0.05, 0.20, 0.10, 0.15, 0.02, 0.18])  # positions 0..6
+M1 = {0: 0.06, 1: 0.01, 2: 0.04, 3: 0.02, 4: 0.03, 5: 0.004, 6: 0.036}  # 0.2 * W1
+
+
+def lazy_method(**kwargs) -> ScoredEviction:
+    method = ScoredEviction(AttentionScorer(), EMA(alpha=A), Selection(budget_tokens=5), **kwargs)
+    method.begin(seq(prefill_len=6, layers=1, kv_heads=1, group=1))
+    return method
+
+
+def state_at(method: ScoredEviction, positions: list[int]) -> Tensor:
+    return method.state[0, 0, positions]
+
+
+def test_lazy_refresh_observes_exactly_on_steps_one_plus_multiples_of_r() -> None:
+    method = lazy_method(refresh_every=4)
+    observed = [t for t in range(1, 30) if method.observes(t)]
+    assert observed == [1, 5, 9, 13, 17, 21, 25, 29]
+    assert [t for t in range(1, 30) if method.needs_attention(t)] == observed
+    every = lazy_method(refresh_every=1)
+    assert all(every.observes(t) for t in range(1, 30))
+
+
+def test_lazy_refresh_inits_new_entries_with_the_mean_and_evicts_every_step_on_stale_state() -> None:
+    method = lazy_method(refresh_every=4)
+    positions = append_newest(prompt_positions(6, 1, 1), 6)
+    plan, positions = step(method, 1, positions, [W1[None, None]])
+    torch.testing.assert_close(state_at(method, list(range(7))), torch.tensor(list(M1.values())))
+    assert positions[0].tolist() == [[0, 2, 3, 4, 6]]
+
+    # Step 2 (skipped): the new entry 7 gets the mean state of the other cached entries.
+    positions = append_newest(positions, 7)
+    plan, positions = step(method, 2, positions, [torch.tensor([[[0.0, 0.0, 1.0, 0.0, 0.0, 0.0]]])])
+    mean2 = (0.06 + 0.04 + 0.02 + 0.03 + 0.036) / 5  # 0.0372
+    assert state_at(method, [7]).item() == pytest.approx(mean2)
+    assert plan is not None and positions[0].tolist() == [[0, 2, 4, 6, 7]]  # 3 (0.02) evicted
+    # The attention that favoured position 3 on the skipped step was never seen.
+    torch.testing.assert_close(state_at(method, [0, 2, 3, 4, 6]), torch.tensor([0.06, 0.04, 0.02, 0.03, 0.036]))
+
+    positions = append_newest(positions, 8)
+    plan, positions = step(method, 3, positions)
+    mean3 = (0.06 + 0.04 + 0.03 + 0.036 + mean2) / 5  # 0.04064
+    assert state_at(method, [8]).item() == pytest.approx(mean3)
+    assert plan is not None and positions[0].tolist() == [[0, 2, 6, 7, 8]]  # 4 (0.03) evicted
+
+    positions = append_newest(positions, 9)
+    plan, positions = step(method, 4, positions)
+    mean4 = (0.06 + 0.04 + 0.036 + mean2 + mean3) / 5  # 0.042768
+    assert state_at(method, [9]).item() == pytest.approx(mean4)
+    assert plan is not None and positions[0].tolist() == [[0, 2, 7, 8, 9]]  # 6 (0.036) evicted
+
+    # Step 5 observes again: EMA on top of the stale state; the new entry 10 starts from m0 = 0.
+    positions = append_newest(positions, 10)
+    w5 = torch.tensor([0.05, 0.05, 0.10, 0.30, 0.20, 0.30])  # over positions 0, 2, 7, 8, 9, 10
+    plan, positions = step(method, 5, positions, [w5[None, None]])
+    old = torch.tensor([0.06, 0.04, mean2, mean3, mean4, 0.0])
+    m5 = A * old + (1 - A) * w5  # .058 .042 .04976 .092512 .0742144 .06
+    torch.testing.assert_close(state_at(method, [0, 2, 7, 8, 9, 10]), m5)
+    assert plan is not None and positions[0].tolist() == [[0, 7, 8, 9, 10]]  # 2 (0.042) evicted
+
+    positions = append_newest(positions, 11)
+    plan, positions = step(method, 6, positions)
+    mean6 = (m5[0] + m5[2] + m5[3] + m5[4] + m5[5]).item() / 5  # 0.06689728
+    assert state_at(method, [11]).item() == pytest.approx(mean6)
+    assert plan is not None and positions[0].tolist() == [[0, 8, 9, 10, 11]]  # 7 (0.04976) evicted
+
+
+def test_lazy_mean_init_is_per_row_under_head_granularity() -> None:
+    method = ScoredEviction(
+        AttentionScorer(), Cumulative(), Selection(budget_tokens=100, granularity="head"), refresh_every=2
+    )
+    method.begin(seq(prefill_len=4, layers=2, kv_heads=2, group=1))
+    positions = append_newest(prompt_positions(4, 2, 2), 4)
+    w0 = torch.tensor([[[0.1, 0.2, 0.3, 0.4, 0.0]], [[0.5, 0.5, 0.0, 0.0, 0.0]]])
+    w1 = torch.tensor([[[1.0, 0.0, 0.0, 0.0, 0.0]], [[0.2, 0.2, 0.2, 0.2, 0.2]]])
+    step(method, 1, positions, [w0, w1])
+    positions = append_newest(positions, 5)
+    assert not method.observes(2)
+    step(method, 2, positions)
+    expected = torch.tensor([[0.2, 0.2], [0.2, 0.2]])  # row sums (1.0) over 5 other entries
+    torch.testing.assert_close(method.state[:, :, 5], expected)
+
+
+# ------------------------------------------------------------------------------------ score-free
+
+
+def test_score_free_observes_only_at_the_first_decode_step() -> None:
+    method = lazy_method(score_once=True)
+    assert [t for t in range(0, 40) if method.observes(t)] == [1]
+    assert [t for t in range(0, 40) if method.needs_attention(t)] == [1]
+
+
+@pytest.mark.parametrize("later", ["uniform", "adversarial"])
+def test_score_free_freezes_the_first_step_ranking_and_gives_new_entries_the_mean(later: str) -> None:
+    method = lazy_method(score_once=True)
+    positions = append_newest(prompt_positions(6, 1, 1), 6)
+    _, positions = step(method, 1, positions, [W1[None, None]])
+    assert positions[0].tolist() == [[0, 2, 3, 4, 6]]
+    trajectory = []
+    means = []
+    for t in range(2, 7):
+        positions = append_newest(positions, 6 + t - 1)
+        length = positions[0].shape[1]
+        if later == "uniform":
+            weights = torch.full((1, 1, length), 1 / length)
+        else:  # all attention on the entry the frozen ranking evicts next
+            weights = torch.zeros(1, 1, length)
+            weights[0, 0, 2] = 1.0
+        others = state_at(method, positions[0][0, :-1].tolist())
+        means.append(others.mean().item())
+        plan, positions = step(method, t, positions, [weights])
+        assert plan is not None
+        assert state_at(method, [6 + t - 1]).item() == pytest.approx(means[-1])
+        trajectory.append(positions[0][0].tolist())
+    assert means[:2] == pytest.approx([0.0372, 0.04064])
+    assert trajectory == [
+        [0, 2, 4, 6, 7],  # 3 evicted
+        [0, 2, 6, 7, 8],  # 4
+        [0, 2, 7, 8, 9],  # 6
+        [0, 2, 8, 9, 10],  # 7 (mean 0.0372)
+        [0, 8, 9, 10, 11],  # 2 (0.04)
+    ]
+    # The prefill entries kept their step-1 state throughout.
+    torch.testing.assert_close(state_at(method, [0, 2]), torch.tensor([0.06, 0.04]))
+
+
+def test_score_free_first_step_evicts_by_the_step_one_scores() -> None:
+    method = lazy_method(score_once=True)
+    positions = append_newest(prompt_positions(6, 1, 1), 6)
+    plan, positions = step(method, 1, positions, [W1[None, None]])
+    assert plan is not None and plan[0].tolist() == [0, 2, 3, 4, 6]
+
+
+# ------------------------------------------------------------------------------------ StreamingLLM
+
+
+def test_streaming_llm_keeps_four_sinks_and_the_most_recent() -> None:
+    method = compose_method("method=streaming_llm", "rho=0.5")
+    method.begin(seq(prefill_len=20, layers=2, kv_heads=2, group=2))
+    assert method.budget() == 10
+    assert method.observes(1) and not method.needs_attention(1)
+    positions = prompt_positions(20, 2, 2)
+    assert method.keep(0, positions) is None
+    for t in range(1, 6):
+        newest = 20 + t - 1
+        positions = append_newest(positions, newest)
+        plan, positions = step(method, t, positions)  # no attention weights at all
+        assert plan is not None
+        expected = [0, 1, 2, 3, *range(newest - 5, newest + 1)]
+        for layer_positions in positions:
+            assert layer_positions.tolist() == [expected, expected]
+
+
+# ------------------------------------------------------------------------------------ named methods
+
+
+def compose_method(*overrides: str):
+    with initialize_config_dir(version_base=None, config_dir=str(CONF)):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    return hydra.utils.instantiate(cfg.method)
+
+
+NAMED = {
+    # name: (scorer, aggregator, granularity, refresh_every, score_once, sinks, recent_fraction)
+    "inertia": (AttentionScorer, EMA, "token", 1, False, 0, 0.0),
+    "inertia_lazy": (AttentionScorer, EMA, "token", 4, False, 0, 0.0),
+    "score_free": (AttentionScorer, EMA, "token", 1, True, 0, 0.0),
+    "cumulative": (AttentionScorer, Cumulative, "token", 1, False, 0, 0.0),
+    "single_step": (AttentionScorer, SingleStep, "token", 1, False, 0, 0.0),
+    "tova": (AttentionScorer, SingleStep, "layer", 1, False, 0, 0.0),
+    "h2o": (AttentionScorer, Cumulative, "head", 1, False, 0, 0.5),
+    "streaming_llm": (RecencyScorer, SingleStep, "token", 1, False, 4, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_named_scored_methods_are_the_documented_compositions(name: str) -> None:
+    scorer, aggregator, granularity, refresh_every, score_once, sinks, recent_fraction = NAMED[name]
+    method = compose_method(f"method={name}")
+    assert type(method) is ScoredEviction
+    assert method.name == name
+    assert type(method.scorer) is scorer
+    assert type(method.aggregator) is aggregator
+    if aggregator is EMA:
+        assert method.aggregator.alpha == pytest.approx(0.8)
+    assert method.selection.granularity == granularity
+    assert method.refresh_every == refresh_every
+    assert method.score_once is score_once
+    assert method.selection.sinks == sinks
+    assert method.selection.window == 0
+    assert method.selection.recent_fraction == recent_fraction
+    assert method.selection.rho == pytest.approx(0.9)
+    assert method.selection.budget_tokens is None
+
+
+def test_named_full_and_snapkv() -> None:
+    full = compose_method("method=full")
+    assert type(full) is FullCache and full.budget() is None
+    snapkv = compose_method("method=snapkv", "rho=0.75")
+    assert type(snapkv) is SnapKV
+    assert (snapkv.kernel_size, snapkv.pooling) == (7, "max")
+    assert snapkv.selection.window == 32
+    assert snapkv.selection.granularity == "head"
+    assert snapkv.selection.rho == pytest.approx(0.75)
+
+
+def test_scorer_override_swaps_only_the_scorer() -> None:
+    method = compose_method("method=inertia", "method/scorer=vnorm")
+    assert type(method.scorer) is VNormScorer
+    assert type(method.aggregator) is EMA and method.selection.granularity == "token"
+    lazy = compose_method("method=inertia_lazy", "method/scorer=recency")
+    assert type(lazy.scorer) is RecencyScorer and lazy.refresh_every == 4
+
+
+def test_named_inertia_budget_follows_rho() -> None:
+    method = compose_method("method=inertia")
+    method.begin(seq(prefill_len=1000, layers=2, kv_heads=1, group=1))
+    assert method.budget() == 100
