@@ -11,6 +11,11 @@ from torch import Tensor
 GRANULARITIES = ("token", "layer", "head")
 
 
+def exact_floor(value: float) -> int:
+    """Floor of a product of decimal fractions: (1 - 0.9) * 1000 must give 100, not 99."""
+    return math.floor(value + 1e-9)
+
+
 @dataclass
 class Selection:
     """Budget and protection rules shared by every scored method.
@@ -53,7 +58,7 @@ class Selection:
 
     def recent(self, budget: int) -> int:
         """Size of the protected recent window under ``budget``."""
-        return max(self.window, math.floor(self.recent_fraction * budget))
+        return max(self.window, exact_floor(self.recent_fraction * budget))
 
     def budget_for(self, prefill_len: int) -> int | None:
         """The budget for a prompt of ``prefill_len`` tokens; None when nothing is evicted."""
@@ -63,8 +68,7 @@ class Selection:
         elif self.rho == 0.0:
             return None
         else:
-            # The epsilon keeps (1 - 0.9) * 1000 from flooring to 99.
-            budget = math.floor((1.0 - self.rho) * prefill_len + 1e-9)
+            budget = exact_floor((1.0 - self.rho) * prefill_len)
             origin = f"rho={self.rho} of L0={prefill_len}"
         protected = self.sinks + self.recent(budget)
         if budget < max(protected, 1):
