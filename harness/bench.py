@@ -11,7 +11,6 @@ approach. Figures are printed, not asserted: run it on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import math
 from dataclasses import asdict, dataclass
 
 import pandas as pd
@@ -23,6 +22,7 @@ from harness.config import compose_config
 from harness.engine import Engine
 from harness.models import ModelSpec, load_model, load_tokenizer
 from methods.full import FullCache
+from methods.selection import exact_floor
 from tasks.ruler.task import RulerTask
 
 
@@ -71,7 +71,7 @@ def run(
                 method = instantiate(compose_config(f"method={name}", f"rho={rho}").method)
                 rows.append(measure(Engine(model, method), ids, new_tokens, name, rho, length))
                 print(rows[-1], flush=True)
-            budget = math.floor((1 - rho) * len(ids) + 1e-9)
+            budget = exact_floor((1 - rho) * len(ids))
             rows.append(measure(Engine(model, FullCache()), ids[-budget:], new_tokens, "full@B", rho, length))
             print(rows[-1], flush=True)
     table = pd.DataFrame([asdict(r) for r in rows])
