@@ -9,6 +9,7 @@ from hydra.errors import MissingConfigException
 
 from harness import run as harness_run
 from harness.config import compose_config
+from harness.report import runs_table
 from harness.run import execute, run_id
 from tasks.ruler.task import RulerTask
 
@@ -52,6 +53,8 @@ def test_run_writes_records_and_resumes(tmp_path, monkeypatch):
     wider = compose_config(*TINY[:-2], "task.n=3", "method=inertia", "rho=0.5", f"results_dir={tmp_path}")
     assert execute(wider)["run_id"] == summary["run_id"]
     assert len((folder / "records.jsonl").read_text().splitlines()) == 3
+    row = runs_table(tmp_path)[["model", "method", "task", "rho", "n"]].values.tolist()
+    assert row == [["tiny_llama", "inertia", "ruler", 0.5, 3]]
 
 
 def test_run_id_follows_the_config_not_the_clock():
