@@ -1,0 +1,193 @@
+"""The FD-KVC paper's synthetic dialog world: topics, token embeddings, one attention head.
+
+A dialog is a sequence of turns of ``tokens_per_turn`` tokens. Each turn has a current topic
+direction ``d`` (a unit vector: one topic, or a normalised blend of two during a gradual
+evolution); its tokens are ``x = z + topic_scale * d`` with ``z ~ N(0, noise_var * I)``.
+Topics are orthonormal (Gram-Schmidt of Gaussian draws), fresh for every dialog; the head's
+projections ``W_Q, W_K, W_V`` are fixed by the world seed. Every dialog depends only on
+(seed, scenario, index), so growing ``n_dialogs`` leaves existing dialogs unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A topic schedule: per turn, a mixture over the dialog's topics.
+
+    Parameters:
+        name: scenario id (``subtask`` of the examples).
+        mixtures: ``n_turns`` tuples of ``n_topics`` weights; a turn's direction is the
+            normalised weighted sum of the topics.
+    """
+
+    name: str
+    mixtures: tuple[tuple[float, ...], ...]
+
+    @property
+    def n_turns(self) -> int:
+        return len(self.mixtures)
+
+    @property
+    def n_topics(self) -> int:
+        return len(self.mixtures[0])
+
+    def turn_labels(self) -> list[int]:
+        """Dominant topic of every turn (ties impossible in the five schedules)."""
+        return [max(range(self.n_topics), key=lambda k: weights[k]) for weights in self.mixtures]
+
+    def shifts(self) -> list[int]:
+        """Turns (0-based) whose dominant topic differs from the previous turn's."""
+        labels = self.turn_labels()
+        return [t for t in range(1, len(labels)) if labels[t] != labels[t - 1]]
+
+
+def _segments(n_topics: int, spans: list[tuple[int, int]]) -> tuple[tuple[float, ...], ...]:
+    """``spans``: (topic, turns) in order -> one-hot mixtures."""
+    out = []
+    for topic, turns in spans:
+        out += [tuple(1.0 if k == topic else 0.0 for k in range(n_topics))] * turns
+    return tuple(out)
+
+
+def _gradual(n_turns: int = 12, first: int = 2, last: int = 8) -> tuple[tuple[float, ...], ...]:
+    # Turns are 1-based in the paper's wording "A~>B over turns 2-8": turn 1 is pure A, the
+    # weight of B grows linearly over turns 2..8 and reaches 1 at turn 8; turns 9-12 are pure B.
+    out = []
+    for turn in range(1, n_turns + 1):
+        share = min(max((turn - first + 1) / (last - first + 1), 0.0), 1.0)
+        out.append((1.0 - share, share))
+    return tuple(out)
+
+
+#: The paper's five scenarios. Where the paper gives no segment lengths (mixed), the 12 turns
+#: are split as evenly as possible, longer segments first: A3 B3 C2 A2 B2.
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("topic_shift", _segments(2, [(0, 5), (1, 5)])),
+        Scenario("topic_return", _segments(2, [(0, 3), (1, 4), (0, 3)])),
+        Scenario("mixed", _segments(3, [(0, 3), (1, 3), (2, 2), (0, 2), (1, 2)])),
+        Scenario("complex", _segments(5, [(k, 4) for k in range(5)])),
+        Scenario("gradual", _gradual()),
+    )
+}
+
+
+def gram_schmidt(vectors: Tensor) -> Tensor:
+    """Orthonormalise the rows of ``vectors`` (``(..., k, d)``) in order (modified Gram-Schmidt)."""
+    basis = vectors.clone()
+    for i in range(basis.shape[-2]):
+        for j in range(i):
+            basis[..., i, :] -= (basis[..., i, :] * basis[..., j, :]).sum(-1, keepdim=True) * basis[..., j, :]
+        basis[..., i, :] /= basis[..., i, :].norm(dim=-1, keepdim=True)
+    return basis
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    """Constants of the world (the paper's values as defaults).
+
+    Parameters:
+        dim: token embedding size (64).
+        head_dim: size of the attention head (16); ``W_Q, W_K, W_V`` are ``dim x head_dim``.
+        tokens_per_turn: tokens per turn (32).
+        topic_scale: weight of the topic direction in a token (0.8).
+        noise_var: *variance* of each coordinate of ``z`` (0.05, i.e. std ~0.224). The paper
+            writes ``N(0, 0.05 I)``; reading 0.05 as the std is ``noise_var=0.0025``.
+        weight_std: std of the projection entries (``1/sqrt(dim)``, i.e. N(0, 1/64)).
+        tied_qk: use ``W_K = W_Q`` (attention then prefers same-topic entries); the paper's
+            matrices are independent, so this is off by default.
+        seed: seed of the projections and of every dialog.
+    """
+
+    dim: int = 64
+    head_dim: int = 16
+    tokens_per_turn: int = 32
+    topic_scale: float = 0.8
+    noise_var: float = 0.05
+    weight_std: float | None = None
+    tied_qk: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dim < 1 or self.head_dim < 1 or self.tokens_per_turn < 1:
+            raise ValueError("dim, head_dim and tokens_per_turn must be positive")
+        if self.noise_var < 0:
+            raise ValueError(f"noise_var={self.noise_var} must be >= 0")
+
+
+@dataclass
+class Projections:
+    """The single head: ``W_Q, W_K, W_V`` of shape ``(dim, head_dim)``."""
+
+    w_q: Tensor
+    w_k: Tensor
+    w_v: Tensor
+
+    @property
+    def scaling(self) -> float:
+        return self.w_q.shape[1] ** -0.5
+
+
+def projections(config: WorldConfig) -> Projections:
+    """The world's head, drawn from ``config.seed`` alone."""
+    generator = torch.Generator().manual_seed(zlib.crc32(f"{config.seed}/projections".encode()))
+    std = config.weight_std if config.weight_std is not None else config.dim**-0.5
+    w_q, w_k, w_v = (torch.randn(config.dim, config.head_dim, generator=generator) * std for _ in range(3))
+    return Projections(w_q=w_q, w_k=w_q.clone() if config.tied_qk else w_k, w_v=w_v)
+
+
+@dataclass
+class Dialogs:
+    """A batch of dialogs of one scenario (``n`` dialogs of ``N = n_turns * tokens_per_turn`` tokens).
+
+    Parameters:
+        scenario: the schedule.
+        indices: dialog indices within the scenario.
+        topics: ``(n, n_topics, dim)`` orthonormal topics, float64.
+        directions: ``(n, n_turns, dim)`` unit direction of every turn.
+        x: ``(n, N, dim)`` token embeddings (float32).
+        labels: ``(n, N)`` dominant topic of every token.
+    """
+
+    scenario: Scenario
+    indices: list[int]
+    topics: Tensor
+    directions: Tensor
+    x: Tensor
+    labels: Tensor
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def dialog_seed(seed: int, scenario: str, index: int) -> int:
+    return zlib.crc32(f"{seed}/{scenario}/{index}".encode())
+
+
+def make_dialogs(config: WorldConfig, scenario: Scenario, indices: list[int]) -> Dialogs:
+    """Draw the dialogs ``indices`` of ``scenario``; each from its own seeded generator."""
+    mixtures = torch.tensor(scenario.mixtures, dtype=torch.float64)
+    labels_turn = torch.tensor(scenario.turn_labels())
+    per_turn = config.tokens_per_turn
+    topics, noise = [], []
+    for index in indices:
+        generator = torch.Generator().manual_seed(dialog_seed(config.seed, scenario.name, index))
+        raw = torch.randn(scenario.n_topics, config.dim, generator=generator, dtype=torch.float64)
+        topics.append(gram_schmidt(raw))
+        noise.append(torch.randn(scenario.n_turns * per_turn, config.dim, generator=generator))
+    topic_batch = torch.stack(topics)
+    directions = torch.einsum("tk,nkd->ntd", mixtures, topic_batch)
+    directions = directions / directions.norm(dim=-1, keepdim=True)
+    tokens_direction = directions.repeat_interleave(per_turn, dim=1).float()
+    x = torch.stack(noise) * math.sqrt(config.noise_var) + config.topic_scale * tokens_direction
+    labels = labels_turn.repeat_interleave(per_turn)[None].expand(len(indices), -1)
+    return Dialogs(scenario, list(indices), topic_batch, directions, x, labels.contiguous())
