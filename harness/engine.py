@@ -34,6 +34,8 @@ class Generation:
         score_s: part of that time spent in the method (observing and choosing).
         evict_s: part spent gathering the kept entries into new tensors.
         max_cache_len: the largest cache length seen after any decode step's eviction.
+        target_logprobs: with ``forced`` tokens, the log-probability the model gave each one
+            (teacher forcing under eviction, for perplexity).
     """
 
     tokens: list[int]
@@ -47,6 +49,7 @@ class Generation:
     score_s: float
     evict_s: float
     max_cache_len: int
+    target_logprobs: list[float] = field(default_factory=list)
 
     @property
     def new_tokens(self) -> int:
@@ -110,9 +113,7 @@ class Engine:
             return 0.0
         start = time.perf_counter()
         kv_cache.evict(cache, plan)
-        context.positions = [
-            kv_cache.gather_rows(p, index) for p, index in zip(context.positions, plan, strict=True)
-        ]
+        context.positions = [kv_cache.gather_rows(p, index) for p, index in zip(context.positions, plan, strict=True)]
         return time.perf_counter() - start
 
     @torch.inference_mode()
@@ -123,14 +124,19 @@ class Engine:
         stop_token_ids: set[int] | frozenset[int] = frozenset(),
         stop: Callable[[list[int]], bool] | None = None,
         seed: int = 0,
+        forced: list[int] | None = None,
     ) -> Generation:
         """Generate up to ``max_new_tokens`` after ``input_ids``.
 
         Generation ends at a token in ``stop_token_ids`` (kept in ``tokens``) or when
-        ``stop(tokens)`` says so (stop strings).
+        ``stop(tokens)`` says so (stop strings). With ``forced``, those tokens are fed instead
+        of sampled ones (teacher forcing, ``max_new_tokens`` and stops ignored) and the
+        log-probability of each is returned; the method evicts exactly as in generation.
         """
         if not input_ids:
             raise ValueError("empty prompt: the engine needs at least one prompt token")
+        if forced is not None:
+            max_new_tokens, stop_token_ids, stop = len(forced), frozenset(), None
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         prefill_len = len(input_ids)
@@ -150,13 +156,20 @@ class Engine:
         if self.on_step:
             self.on_step(0, context, cache)
         full_token_bytes = kv_cache.bytes_per_token(cache)
-        tokens = [self.sampling.choose(logits, generator)]
+        target_logprobs: list[float] = []
+
+        def next_token(logits: Tensor) -> int:
+            if forced is None:
+                return self.sampling.choose(logits, generator)
+            target = forced[len(target_logprobs)]
+            target_logprobs.append(float(torch.log_softmax(logits.float(), dim=-1)[target]))
+            return target
+
+        tokens = [next_token(logits)]
         max_cache_len = 0
         start = time.perf_counter()
         step = 0
-        while (
-            len(tokens) < max_new_tokens and tokens[-1] not in stop_token_ids and not (stop and stop(tokens))
-        ):
+        while len(tokens) < max_new_tokens and tokens[-1] not in stop_token_ids and not (stop and stop(tokens)):
             step += 1
             position = prefill_len + step - 1
             newest = torch.full((self.num_kv_heads, 1), position, device=self.device)
@@ -173,7 +186,7 @@ class Engine:
             max_cache_len = max(max_cache_len, *kv_cache.cache_lengths(cache))
             if self.on_step:
                 self.on_step(step, context, cache)
-            tokens.append(self.sampling.choose(logits, generator))
+            tokens.append(next_token(logits))
         decode_s = time.perf_counter() - start
         return Generation(
             tokens=tokens,
@@ -187,4 +200,5 @@ class Engine:
             score_s=context.score_s,
             evict_s=evict_s,
             max_cache_len=max_cache_len,
+            target_logprobs=target_logprobs,
         )

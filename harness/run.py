@@ -110,9 +110,7 @@ def make_record(
         "prefill_s": round(generation.prefill_s, 4),
         "decode_s": round(generation.decode_s, 4),
         "new_tokens": generation.new_tokens,
-        "decode_tokens_per_s": round(decode_steps / generation.decode_s, 3)
-        if generation.decode_s > 0
-        else None,
+        "decode_tokens_per_s": round(decode_steps / generation.decode_s, 3) if generation.decode_s > 0 else None,
         "score_s": round(generation.score_s, 4),
         "evict_s": round(generation.evict_s, 4),
         "meta": example.meta,
@@ -160,9 +158,13 @@ def execute(cfg: DictConfig) -> dict[str, Any]:
                 stop_token_ids=stops,
                 stop=stop_on_strings(tokenizer, task.stop_strings(example)),
                 seed=example_seed(cfg.seed, example.example_id),
+                forced=example.forced_ids,
             )
             prediction = tokenizer.decode(generation.tokens, skip_special_tokens=True)
-            metrics = task.score(prediction, example)
+            if example.forced_ids is None:
+                metrics = task.score(prediction, example)
+            else:
+                metrics = task.score_logprobs(generation.target_logprobs, example)
             records.append(make_record(cfg, run, task, example, prediction, metrics, generation))
             scores.append(next(iter(metrics.values())))
             progress.set_postfix(score=f"{sum(scores) / len(scores):.1f}", kv=f"{generation.cache_len_final}")

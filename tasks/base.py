@@ -22,6 +22,8 @@ class Example:
         answers: gold references the scorer compares against.
         max_new_tokens: generation length the official protocol allows.
         meta: anything else worth keeping in the record (length, depth, ...).
+        forced_ids: a continuation to teacher-force instead of generating (perplexity tasks);
+            the task then scores log-probabilities through ``score_logprobs``.
     """
 
     example_id: str
@@ -30,6 +32,7 @@ class Example:
     answers: list[str]
     max_new_tokens: int
     meta: dict[str, Any] = field(default_factory=dict)
+    forced_ids: list[int] | None = None
 
 
 class Task(ABC):
@@ -44,6 +47,10 @@ class Task(ABC):
     @abstractmethod
     def score(self, prediction: str, example: Example) -> dict[str, float]:
         """Metrics for one prediction; the first key is the task's primary metric."""
+
+    def score_logprobs(self, logprobs: list[float], example: Example) -> dict[str, float]:
+        """Metrics from the log-probabilities of ``example.forced_ids`` (teacher-forced tasks)."""
+        raise NotImplementedError(f"task {self.name!r} does not teacher-force")
 
     def identity(self) -> dict[str, Any]:
         """Config fields that change what an example *is* (enter the run id).

@@ -21,9 +21,7 @@ def prompt(seed: int, length: int = PROMPT_LEN) -> list[int]:
 
 def reference(model, ids: list[int], new_tokens: int = NEW_TOKENS) -> list[int]:
     model.set_attn_implementation("sdpa")
-    out = model.generate(
-        torch.tensor([ids]), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
-    )
+    out = model.generate(torch.tensor([ids]), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     return out[0, len(ids) :].tolist()
 
 
@@ -33,11 +31,7 @@ def test_no_eviction_matches_generate_for_every_method(tiny_models, model_name):
     ids = prompt(1)
     expected = reference(model, ids)
     for name in NAMED_METHODS:
-        variants = (
-            [["rho=0"]]
-            if name == "full"
-            else [["rho=0"], ["rho=0.5", "method.selection.budget_tokens=100000"]]
-        )
+        variants = [["rho=0"]] if name == "full" else [["rho=0"], ["rho=0.5", "method.selection.budget_tokens=100000"]]
         for overrides in variants:
             method = named_method(name, *overrides)
             tokens = Engine(model, method).generate(ids, NEW_TOKENS).tokens
@@ -221,7 +215,25 @@ def test_stop_tokens_end_generation(tiny_models):
 
 def test_budget_below_protected_entries_is_refused(tiny_models):
     engine = Engine(tiny_models["tiny_llama"], named_method("snapkv", "rho=0.9"))
-    with pytest.raises(
-        ValueError, match=r"budget B=9 \(rho=0.9 of L0=96\) is smaller than sinks\+window=0\+32"
-    ):
+    with pytest.raises(ValueError, match=r"budget B=9 \(rho=0.9 of L0=96\) is smaller than sinks\+window=0\+32"):
         engine.check(PROMPT_LEN, 8)
+
+
+def test_teacher_forcing_scores_the_given_tokens_under_eviction(tiny_models):
+    model = tiny_models["tiny_qwen3"]
+    ids = prompt(10)
+    target = prompt(11, length=12)
+    with torch.inference_mode():
+        logits = model(torch.tensor([ids + target])).logits[0, len(ids) - 1 : -1]
+    expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(target)[:, None])[:, 0]
+    full = Engine(model, FullCache()).generate(ids, 1, forced=target)
+    assert full.tokens == target
+    torch.testing.assert_close(torch.tensor(full.target_logprobs), expected, rtol=1e-4, atol=1e-4)
+    engine = Engine(model, named_method("inertia", "rho=0.5"))
+    steps = record_steps(engine)
+    evicted = engine.generate(ids, 1, forced=target)
+    assert evicted.tokens == target
+    assert all(s["lengths"][0] == PROMPT_LEN // 2 for s in steps[1:])
+    # The first two targets are scored before any eviction; later ones see the smaller cache.
+    torch.testing.assert_close(torch.tensor(evicted.target_logprobs[:2]), expected[:2], rtol=1e-4, atol=1e-4)
+    assert evicted.target_logprobs[2:] != full.target_logprobs[2:]
