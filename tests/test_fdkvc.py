@@ -217,3 +217,33 @@ def test_engine_bias_without_eviction_differs_from_full(tiny_llama):
     Engine(tiny_llama, method, on_step=grab("fdkvc")).generate(PROMPT, 8)
     assert seen["full"].shape == seen["fdkvc"].shape
     assert not torch.allclose(seen["full"], seen["fdkvc"])
+
+
+def test_smollm2_multi_turn_chat(smollm2):
+    """FD-KVC on the real model over a multi-turn chat: exact without bias or eviction, budget held with."""
+    model, tokenizer = smollm2
+    messages = [
+        {"role": "user", "content": "Name three fruits that are red."},
+        {"role": "assistant", "content": "Strawberries, cherries and raspberries."},
+        {"role": "user", "content": "Now name three vegetables that are green, and one that is orange."},
+    ]
+    ids = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    full = Engine(model, FullCache()).generate(ids, 16).tokens
+    plain = FDKVC(selection=Selection(rho=0.0), beta=0.0, turn_length=8)
+    assert Engine(model, plain).generate(ids, 16).tokens == full
+    method = FDKVC(selection=Selection(rho=0.5, granularity="head"), beta=0.25, turn_length=8)
+    biases: list[torch.Tensor] = []
+    original = method.logit_bias
+
+    def spy(layer: int, positions: torch.Tensor) -> torch.Tensor | None:
+        bias = original(layer, positions)
+        biases.append(bias)
+        return bias
+
+    method.logit_bias = spy
+    generation = Engine(model, method).generate(ids, 16)
+    assert generation.max_cache_len <= generation.budget == len(ids) // 2
+    assert biases and all(b is not None for b in biases)
+    assert any(float(b.min()) < 0 for b in biases)

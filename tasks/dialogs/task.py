@@ -51,6 +51,8 @@ class DialogTask(Task):
         topic_scale: topic weight in a token (0.8).
         noise_var: variance of each noise coordinate (0.05; see ``WorldConfig``).
         tied_qk: ``W_K = W_Q`` (off: the paper's independent projections).
+        weight_std: std of the projection entries (None: ``1/sqrt(dim)``, N(0, 1/64)); larger
+            values sharpen the head's attention (logits scale with its square).
         retention_threshold: cosine above which a cached token counts as on-topic (0.3).
         adaptation_threshold: retention that counts as adapted after a shift (0.8).
         late_turns: turns averaged by the "late" metrics (3).
@@ -69,6 +71,7 @@ class DialogTask(Task):
     topic_scale: float = 0.8
     noise_var: float = 0.05
     tied_qk: bool = False
+    weight_std: float | None = None
     retention_threshold: float = 0.3
     adaptation_threshold: float = 0.8
     late_turns: int = 3
@@ -91,6 +94,7 @@ class DialogTask(Task):
             topic_scale=self.topic_scale,
             noise_var=self.noise_var,
             tied_qk=self.tied_qk,
+            weight_std=self.weight_std,
             seed=self.seed,
         )
         self.heads = projections(self.world)
@@ -156,15 +160,26 @@ class DialogTask(Task):
         """One dialog, one head, the method's own granularity: the harness's per-example record."""
         scenario = SCENARIOS[example.subtask]
         dialogs = make_dialogs(self.world, scenario, [example.meta["index"]])
-        trace = simulate(self._method(method, per_head=False), dialogs, self.heads, self.retention_threshold, self.seed)
+        trace = simulate(
+            self._method(method, per_head=False), dialogs, self.heads, self.retention_threshold, self.seed
+        )
         metrics = {name: float(value[0]) for name, value in self._metrics(dialogs, trace).items()}
+        # One entry holds a key and a value of head_dim float32 numbers.
+        entry_bytes = 2 * self.head_dim * 4
+        n_tokens = scenario.n_turns * self.tokens_per_turn
         return {
             "metrics": metrics,
             "prediction": "",
             "new_tokens": example.max_new_tokens,
+            "prefill_len": self.tokens_per_turn,
+            "budget": self.budget,
             "cache_len_final": int(trace.cache_len[-1]),
             "max_cache_len": trace.max_step_cache_len,
+            "kv_bytes_final": int(trace.cache_len[-1]) * entry_bytes,
+            "kv_bytes_full": n_tokens * entry_bytes,
             "latency_s": trace.method_s,
+            "decode_s": trace.total_s,
+            "score_s": trace.method_s,
             "turns": {
                 "alignment": [round(float(v), 5) for v in trace.alignment[0]],
                 "retention": [round(float(v), 5) for v in trace.retention[0]],
