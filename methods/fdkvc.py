@@ -121,7 +121,9 @@ class FDKVC(EvictionMethod):
         # Per-turn accumulators, per model layer and KV head (queries live in per-layer spaces).
         self._query_sum: list[Tensor | None] = [None] * info.num_layers
         self._query_count = [0] * info.num_layers
-        self._attention_relevance = torch.zeros(info.num_layers, info.num_kv_heads, capacity, device=info.device)
+        self._attention_relevance = torch.zeros(
+            info.num_layers, info.num_kv_heads, capacity, device=info.device
+        )
         self._step = -1
         self._turn_start = 0
         # The relevance s of the turn, reduced to state rows, applied in keep() once every

@@ -69,7 +69,9 @@ def test_dialog_shapes(name):
     assert dialogs.x.shape == (3, length, 64) and dialogs.x.dtype == torch.float32
     assert dialogs.topics.shape == (3, scenario.n_topics, 64)
     assert dialogs.directions.shape == (3, scenario.n_turns, 64)
-    assert torch.allclose(dialogs.directions.norm(dim=-1), torch.ones(3, scenario.n_turns, dtype=torch.float64))
+    assert torch.allclose(
+        dialogs.directions.norm(dim=-1), torch.ones(3, scenario.n_turns, dtype=torch.float64)
+    )
     assert dialogs.labels.shape == (3, length)
     heads = projections(WorldConfig())
     for matrix in (heads.w_q, heads.w_k, heads.w_v):
@@ -121,7 +123,13 @@ def test_run_example_record(task):
     record = task.run_example(world_method("fdkvc"), example)
     assert set(record) >= {"metrics", "prediction", "new_tokens", "cache_len_final", "latency_s"}
     assert record["cache_len_final"] == 56 and record["new_tokens"] == 9 * 32
-    assert set(record["metrics"]) >= {"alignment", "retention", "diversity", "adaptation", "latency_ms_per_turn"}
+    assert set(record["metrics"]) >= {
+        "alignment",
+        "retention",
+        "diversity",
+        "adaptation",
+        "latency_ms_per_turn",
+    }
     assert all(math.isfinite(v) for v in record["metrics"].values())
 
 
@@ -150,7 +158,9 @@ def test_fdkvc_without_bias_or_eviction_equals_the_full_cache():
 
 
 def test_adaptation_counts_turns_and_never():
-    retention = torch.tensor([[1.0, 0.2, 0.5, 0.9, 0.9], [1.0, 0.9, 0.9, 0.9, 0.9], [1.0, 0.1, 0.1, 0.1, 0.1]])
+    retention = torch.tensor(
+        [[1.0, 0.2, 0.5, 0.9, 0.9], [1.0, 0.9, 0.9, 0.9, 0.9], [1.0, 0.1, 0.1, 0.1, 0.1]]
+    )
     speed, never = adaptation(retention, [1], threshold=0.8)
     assert speed[:, 0].tolist() == [3.0, 1.0, 4.0]
     assert never[:, 0].tolist() == [False, False, True]
