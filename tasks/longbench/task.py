@@ -1,0 +1,146 @@
+"""LongBench (and LongBench-E) as the harness sees it, following the official ``LongBench/pred.py`` and ``eval.py``.
+
+Per example: the dataset's official prompt, middle truncation of its tokenisation to
+``max_length`` tokens, then the chat template except on the six datasets the official script
+leaves raw; the dataset's official new-token budget; samsum stops at a newline; the official
+metric, x100, under the single key ``score`` so the harness averages datasets like the paper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tasks.base import Example, Task
+from tasks.longbench import metrics
+from tasks.longbench.hub import load_rows
+from tasks.longbench.prompting import encode, truncate_middle
+from tasks.longbench.protocol import (
+    DATASETS,
+    MAX_NEW_TOKENS,
+    METRIC,
+    NO_CHAT_TEMPLATE,
+    PROMPTS,
+    base_name,
+    length_bucket,
+)
+
+HUB_SCHEMA = ("input", "context", "answers", "length", "dataset", "language", "all_classes", "_id")
+
+
+def build_prompt(dataset: str, record: dict[str, Any]) -> str:
+    """The official prompt of ``dataset`` filled with one record (``{context}`` and ``{input}``)."""
+    return PROMPTS[base_name(dataset)].format(context=record["context"], input=record["input"])
+
+
+@dataclass
+class LongBenchTask(Task):
+    """LongBench's 21 datasets and LongBench-E's 13 ``_e`` datasets.
+
+    Parameters:
+        datasets: dataset names, e.g. ``narrativeqa`` or ``qasper_e``.
+        n: first ``n`` records of each dataset (``None``: all).
+        max_length: prompt tokens kept by middle truncation; the official value is the model's
+            context minus room to generate (``config/model2maxlen.json``: 3500 for a 4k model,
+            7500 for 8k, 31500 for 32k).
+        chat_template: wrap the prompt in the tokenizer's chat template (where the dataset gets one).
+        hub_id: hub dataset holding a parquet copy, one data directory per dataset.
+        revision: the hub revision to read (pin a commit for strict reproducibility).
+        data_dir: local folder with ``<dataset>.jsonl`` files in the hub schema (the official
+            ``data.zip``); used instead of the hub when set.
+    """
+
+    name: ClassVar[str] = "longbench"
+
+    datasets: list[str] = field(default_factory=lambda: list(DATASETS))
+    n: int | None = None
+    max_length: int = 4096
+    chat_template: bool = True
+    hub_id: str = "zai-org/LongBench"
+    revision: str | None = "refs/convert/parquet"
+    data_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        # Hydra hands over ListConfig objects; a plain list keeps the task simple and picklable.
+        self.datasets = list(self.datasets)
+        if not self.datasets:
+            raise ValueError("task.datasets is empty")
+        for dataset in self.datasets:
+            base_name(dataset)
+        if len(set(self.datasets)) != len(self.datasets):
+            raise ValueError(f"task.datasets lists a dataset twice: {self.datasets}")
+        if self.n is not None and (isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1):
+            raise ValueError(f"task.n must be null or an integer >= 1, got {self.n!r}")
+        if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 2:
+            raise ValueError(f"task.max_length must be an integer >= 2, got {self.max_length!r}")
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "max_length": self.max_length,
+            "chat_template": self.chat_template,
+            "hub_id": self.hub_id,
+            "revision": self.revision,
+            "data_dir": self.data_dir,
+        }
+
+    def how_to_get(self, dataset: str) -> str:
+        """What to do when ``dataset``'s records cannot be loaded."""
+        return (
+            f"LongBench data: either go online once so `datasets` caches the hub copy "
+            f"(task.hub_id={self.hub_id} task.revision={self.revision}, data directory {dataset!r}), "
+            f"or download data.zip from the hub dataset THUDM/LongBench (now zai-org/LongBench), unzip it "
+            f"and pass task.data_dir=<unzipped>/data, the folder holding {dataset}.jsonl "
+            f"(one file per dataset: narrativeqa.jsonl, ..., qasper_e.jsonl, ...)."
+        )
+
+    def records(self, dataset: str) -> list[dict[str, Any]]:
+        """The dataset's records in the hub schema, first ``n`` only."""
+        local = Path(self.data_dir) / f"{dataset}.jsonl" if self.data_dir is not None else None
+        rows = load_rows(
+            hub_id=self.hub_id,
+            revision=self.revision,
+            split="test",
+            hub_data_dir=dataset,
+            local_file=local,
+            how_to_get=self.how_to_get(dataset),
+        )
+        for row in rows[:1]:
+            missing = [key for key in HUB_SCHEMA if key not in row]
+            if missing:
+                raise ValueError(f"LongBench {dataset}: records lack the hub fields {missing}")
+        return rows if self.n is None else rows[: self.n]
+
+    def build(self, tokenizer: Any, dataset: str, record: dict[str, Any]) -> Example:
+        """One record -> an example (prompt, truncation, template) under the official protocol."""
+        base = base_name(dataset)
+        prompt, truncated = truncate_middle(tokenizer, build_prompt(dataset, record), self.max_length)
+        ids = encode(tokenizer, prompt, chat=self.chat_template and base not in NO_CHAT_TEMPLATE)
+        return Example(
+            example_id=f"{dataset}/{record['_id']}",
+            subtask=dataset,
+            input_ids=ids,
+            answers=list(record["answers"]),
+            max_new_tokens=MAX_NEW_TOKENS[base],
+            meta={
+                "length": length_bucket(int(record["length"])),
+                "length_words": int(record["length"]),
+                "language": record["language"],
+                "all_classes": record["all_classes"],
+                "prompt_tokens": len(ids),
+                "truncated": truncated,
+            },
+        )
+
+    def examples(self, tokenizer: Any) -> list[Example]:
+        return [self.build(tokenizer, dataset, record) for dataset in self.datasets for record in self.records(dataset)]
+
+    def score(self, prediction: str, example: Example) -> dict[str, float]:
+        value = metrics.score(example.subtask, prediction, example.answers, example.meta["all_classes"])
+        return {"score": value, METRIC[base_name(example.subtask)]: value}
+
+    def stop_strings(self, example: Example) -> list[str]:
+        # pred.py adds the newline token to samsum's end-of-sequence ids (the model otherwise keeps
+        # writing "\nDialogue: ..."); only the first line is scored either way.
+        return ["\n"] if base_name(example.subtask) == "samsum" else []
+
