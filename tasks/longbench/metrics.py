@@ -31,7 +31,8 @@ from typing import Any
 from tasks.longbench.protocol import FIRST_LINE, METRIC, base_name
 
 _CN_PUNCTUATION = (
-    "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
+    "！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣"  # split only to keep lines short
+    + "､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏."
 )
 _EN_PUNCTUATION = frozenset(string.punctuation)
 _ZH_PUNCTUATION = frozenset(string.punctuation + _CN_PUNCTUATION)

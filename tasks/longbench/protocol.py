@@ -27,16 +27,16 @@ PROMPTS: dict[str, str] = {
     "qasper": (
         "You are given a scientific article and a question. Answer the question as concisely "
         "as you can, using a single phrase or sentence if possible. If the question cannot be "
-        "answered based on the information in the article, write \"unanswerable\". If the "
-        "question is a yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do not provide "
+        'answered based on the information in the article, write "unanswerable". If the '
+        'question is a yes/no question, answer "yes", "no", or "unanswerable". Do not provide '
         "any explanation.\n"
         "\n"
         "Article: {context}\n"
         "\n"
         " Answer the question based on the above article as concisely as you can, using a "
         "single phrase or sentence if possible. If the question cannot be answered based on "
-        "the information in the article, write \"unanswerable\". If the question is a yes/no "
-        "question, answer \"yes\", \"no\", or \"unanswerable\". Do not provide any explanation.\n"
+        'the information in the article, write "unanswerable". If the question is a yes/no '
+        'question, answer "yes", "no", or "unanswerable". Do not provide any explanation.\n'
         "\n"
         "Question: {input}\n"
         "\n"
@@ -103,14 +103,7 @@ PROMPTS: dict[str, str] = {
         "Answer:"
     ),
     "dureader": (
-        "请基于给定的文章回答下述问题。\n"
-        "\n"
-        "文章：{context}\n"
-        "\n"
-        "请基于上述文章回答下面的问题。\n"
-        "\n"
-        "问题：{input}\n"
-        "回答："
+        "请基于给定的文章回答下述问题。\n\n文章：{context}\n\n请基于上述文章回答下面的问题。\n\n问题：{input}\n回答："
     ),
     "gov_report": (
         "You are given a report by a government agency. Write a one-page summary of the report.\n"
@@ -144,18 +137,9 @@ PROMPTS: dict[str, str] = {
         "\n"
         "Summary:"
     ),
-    "vcsum": (
-        "下面有一段会议记录，请你阅读后，写一段总结，总结会议的内容。\n"
-        "会议记录：\n"
-        "{context}\n"
-        "\n"
-        "会议总结："
-    ),
+    "vcsum": "下面有一段会议记录，请你阅读后，写一段总结，总结会议的内容。\n会议记录：\n{context}\n\n会议总结：",
     "trec": (
-        "Please determine the type of the question below. Here are some examples of questions.\n"
-        "\n"
-        "{context}\n"
-        "{input}"
+        "Please determine the type of the question below. Here are some examples of questions.\n\n{context}\n{input}"
     ),
     "triviaqa": (
         "Answer the question based on the given passage. Only give me the answer and do not "
@@ -166,18 +150,9 @@ PROMPTS: dict[str, str] = {
         "{input}"
     ),
     "samsum": (
-        "Summarize the dialogue into a few short sentences. The following are some examples.\n"
-        "\n"
-        "{context}\n"
-        "\n"
-        "{input}"
+        "Summarize the dialogue into a few short sentences. The following are some examples.\n\n{context}\n\n{input}"
     ),
-    "lsht": (
-        "请判断给定新闻的类别，下面是一些例子。\n"
-        "\n"
-        "{context}\n"
-        "{input}"
-    ),
+    "lsht": "请判断给定新闻的类别，下面是一些例子。\n\n{context}\n{input}",
     "passage_count": (
         "There are some paragraphs below sourced from Wikipedia. Some of them may be "
         "duplicates. Please carefully read these paragraphs and determine how many unique "
@@ -202,7 +177,7 @@ PROMPTS: dict[str, str] = {
         "{input}\n"
         "\n"
         "Please enter the number of the paragraph that the abstract is from. The answer format "
-        "must be like \"Paragraph 1\", \"Paragraph 2\", etc.\n"
+        'must be like "Paragraph 1", "Paragraph 2", etc.\n'
         "\n"
         "The answer is: "
     ),
@@ -215,18 +190,12 @@ PROMPTS: dict[str, str] = {
         "\n"
         "{input}\n"
         "\n"
-        "请输入摘要所属段落的编号。答案格式必须是\"段落1\"，\"段落2\"等格式\n"
+        '请输入摘要所属段落的编号。答案格式必须是"段落1"，"段落2"等格式\n'
         "\n"
         "答案是："
     ),
-    "lcc": (
-        "Please complete the code given below. \n"
-        "{context}Next line of code:\n"
-    ),
-    "repobench-p": (
-        "Please complete the code given below. \n"
-        "{context}{input}Next line of code:\n"
-    ),
+    "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
+    "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
 }
 
 MAX_NEW_TOKENS: dict[str, int] = {

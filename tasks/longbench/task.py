@@ -143,4 +143,3 @@ class LongBenchTask(Task):
         # pred.py adds the newline token to samsum's end-of-sequence ids (the model otherwise keeps
         # writing "\nDialogue: ..."); only the first line is scored either way.
         return ["\n"] if base_name(example.subtask) == "samsum" else []
-
