@@ -3,8 +3,9 @@
 Follows NVIDIA RULER (``scripts/data/synthetic/niah.py``, ``scripts/synthetic.yaml``,
 ``scripts/data/synthetic/constants.py``): the same task template, answer prefix, needle
 sentence, noise sentence, 7-digit numbers / adjective-noun words / uuid4 draws, needle
-placement, and the search for the largest haystack whose prompt plus the tokens to generate
-fits the target length, measured with the evaluated model's tokenizer.
+placement. The search for the largest haystack whose prompt plus the tokens to generate fits
+the target length, measured with the evaluated model's tokenizer, is shared by all RULER
+subtasks (``tasks/ruler/fit.py``).
 
 Where we differ, and why:
 - Every example draws from its own ``random.Random`` seeded by (seed, subtask, length,
@@ -22,13 +23,12 @@ Where we differ, and why:
 
 from __future__ import annotations
 
-import math
 import random
 import re
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from tasks.ruler.fit import Sample
 from tasks.ruler.words import ADJECTIVES, NOUNS
 
 TOKENS_TO_GENERATE = 128
@@ -45,9 +45,6 @@ DEPTHS = tuple(round(100 * i / 39) for i in range(40))
 
 HAYSTACKS = ("noise", "essay", "needle")
 NEEDLE_TYPES = ("numbers", "words", "uuids")
-
-# Turns a prompt and its answer prefix into the final token ids the model will prefill.
-Encoder = Callable[[str, str], list[int]]
 
 
 @dataclass(frozen=True)
@@ -212,75 +209,11 @@ def _singular(text: str) -> str:
     return text
 
 
-@dataclass(frozen=True)
-class HaystackSize:
-    """Result of the haystack search for one (subtask, length)."""
-
-    num_haystack: int
-    tokens_per_unit: float
-
-
-def search_haystack(
-    config: NiahConfig,
-    length: int,
-    encode: Encoder,
-    rng: random.Random,
-    words: list[str] | None = None,
-) -> HaystackSize:
-    """Largest haystack whose encoded prompt plus RULER's tokens to generate fits ``length``.
-
-    RULER's procedure: estimate tokens per unit from one step of haystack, then bisect up to
-    three times the size that estimate predicts. Each probe is one tokenizer call.
-    """
-    budget = length - TOKENS_TO_GENERATE
-
-    def cost(num: int) -> int:
-        sample = synthesize(config, num, rng, words)
-        return len(encode(sample.prompt, sample.answer_prefix))
-
-    step = config.step(length)
-    small = cost(step)
-    upper = max(int(budget / (small / step) * 3), 2 * step)
-    lower, best, best_cost = 1, 0, 0
-    while lower <= upper:
-        mid = (lower + upper) // 2
-        tokens = cost(mid)
-        if tokens <= budget:
-            best, best_cost, lower = mid, tokens, mid + 1
-        else:
-            upper = mid - 1
-    if best == 0:
-        raise ValueError(
-            f"length {length} is too short for RULER's niah prompt: even one haystack unit "
-            f"does not leave room for {TOKENS_TO_GENERATE} generated tokens"
-        )
-    # The slope between two probes leaves out the fixed template cost.
-    per_unit = abs(best_cost - small) / abs(best - step) if best != step else small / step
-    return HaystackSize(best, max(per_unit, 1e-6))
-
-
-def fit_example(
-    config: NiahConfig,
-    length: int,
-    size: HaystackSize,
-    encode: Encoder,
-    seed_key: str,
-    words: list[str] | None = None,
-) -> tuple[NiahSample, list[int]]:
-    """Synthesise one example at the searched size, shrinking it if it overflows ``length``.
-
-    Each attempt reseeds from ``seed_key``, so shrinking keeps the example's needles.
-    """
-    budget = length - TOKENS_TO_GENERATE
-    num = size.num_haystack
-    while True:
-        sample = synthesize(config, num, random.Random(seed_key), words)
-        ids = encode(sample.prompt, sample.answer_prefix)
-        overflow = len(ids) - budget
-        if overflow <= 0:
-            return sample, ids
-        if num == 1:
-            raise ValueError(
-                f"{seed_key}: the prompt does not fit in {length} tokens even with one haystack unit"
-            )
-        num = max(1, num - math.ceil(overflow / size.tokens_per_unit))
+def as_sample(sample: NiahSample) -> Sample:
+    """The subtask-independent view the shared fitting works on."""
+    return Sample(
+        prompt=sample.prompt,
+        answer_prefix=sample.answer_prefix,
+        answers=sample.answers,
+        meta={"depths": [round(d, 2) for d in sample.depths], "num_haystack": sample.num_haystack},
+    )

@@ -7,21 +7,23 @@ adding lengths or subtasks leaves existing examples unchanged.
 
 from __future__ import annotations
 
+import functools
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 from tasks.base import Example, Task
-from tasks.ruler.niah import (
-    SUBTASKS,
-    TOKENS_TO_GENERATE,
-    Encoder,
-    essay_words,
-    fit_example,
-    search_haystack,
-)
-from tasks.ruler.scoring import string_match_all
+from tasks.corpora import read_text
+from tasks.ruler import common_words, freq_words, niah, qa, variable_tracking
+from tasks.ruler.fit import Encoder, Sample, encode_sample, fit_size, search_size
+from tasks.ruler.scoring import string_match_all, string_match_part
+
+QA_DATASETS = {"qa_1": "squad", "qa_2": "hotpotqa"}
+# RULER's 13 tasks in the order its papers report them; ``task.tasks=paper`` selects them all.
+PAPER: tuple[str, ...] = (*niah.SUBTASKS, "vt", "cwe", "fwe", *QA_DATASETS)
+# The largest ``tokens_to_generate`` among the subtasks bounds the shortest usable length.
+MAX_TOKENS_TO_GENERATE = niah.TOKENS_TO_GENERATE
 
 
 def make_encoder(tokenizer: Any, chat_template: bool) -> Encoder:
@@ -29,55 +31,86 @@ def make_encoder(tokenizer: Any, chat_template: bool) -> Encoder:
 
     RULER puts the answer prefix right after the model's assistant header; models without a
     chat template (and ``chat_template=False``) get the raw prompt, as RULER's ``base``.
+    Solved examples (``shots``) become earlier user/assistant turns, or, raw, RULER's
+    ``prompt + reply + "\\n"`` before the prompt.
     """
     if chat_template and getattr(tokenizer, "chat_template", None):
 
-        def encode(prompt: str, answer_prefix: str) -> list[int]:
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-            )
+        def encode(prompt: str, answer_prefix: str, shots: Sequence[tuple[str, str]] = ()) -> list[int]:
+            messages = []
+            for user, reply in shots:
+                messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+            messages.append({"role": "user", "content": prompt})
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             # The rendered template already carries any BOS token it wants.
             return list(tokenizer(text + answer_prefix, add_special_tokens=False, verbose=False)["input_ids"])
 
     else:
 
-        def encode(prompt: str, answer_prefix: str) -> list[int]:
-            return list(tokenizer(prompt + answer_prefix, verbose=False)["input_ids"])
+        def encode(prompt: str, answer_prefix: str, shots: Sequence[tuple[str, str]] = ()) -> list[int]:
+            solved = "".join(f"{user}{reply}\n" for user, reply in shots)
+            return list(tokenizer(solved + prompt + answer_prefix, verbose=False)["input_ids"])
 
     return encode
 
 
+@dataclass(frozen=True)
+class _Family:
+    """How one subtask synthesises a prompt of ``num`` haystack units.
+
+    ``build(length, index, num, rng)``; ``minimum(length, index)`` is the fewest units a
+    prompt may have; ``step(length)`` the probe size of the search; ``refine`` whether an
+    overflowing example is refitted by bisection after the estimated shrink (the niah family
+    predates it and keeps its examples unchanged).
+    """
+
+    tokens_to_generate: int
+    build: Callable[[int, int, int, random.Random], Sample]
+    step: Callable[[int], int]
+    minimum: Callable[[int, int], int] = lambda length, index: 1
+    refine: bool = True
+
+
 @dataclass
 class RulerTask(Task):
-    """RULER synthetic tasks (niah subtasks so far).
+    """RULER's 13 synthetic tasks (NVIDIA/RULER), synthesised with the evaluated model's tokenizer.
 
     Parameters:
-        tasks: subtask names, e.g. ``niah_single_1``; see ``tasks.ruler.niah.SUBTASKS``.
+        tasks: subtask names (see ``PAPER``), or ``paper`` for all 13.
         lengths: target sequence lengths in tokens (prompt plus tokens to generate).
         n: examples per (subtask, length).
         seed: base seed of the synthesis.
         chat_template: wrap the prompt in the tokenizer's chat template when it has one.
-        haystack_file: plain-text corpus for the subtasks RULER runs on its essay haystack.
+        haystack_file: plain-text corpus for the essay haystack (None: the bundled
+            public-domain text, ``tasks/corpora``).
+        data_files: per qa subtask, a local json/jsonl/parquet file in the hub dataset's
+            schema read instead of the hub (``qa_1``: rajpurkar/squad_v2, ``qa_2``:
+            hotpotqa/hotpot_qa distractor).
+        revisions: per qa subtask, the hub revision to load (None: the default branch).
     """
 
     name: ClassVar[str] = "ruler"
 
-    tasks: list[str] = field(default_factory=lambda: ["niah_single_1"])
+    tasks: list[str] | str = field(default_factory=lambda: ["niah_single_1"])
     lengths: list[int] = field(default_factory=lambda: [1024])
     n: int = 10
     seed: int = 0
     chat_template: bool = True
     haystack_file: str | None = None
+    data_files: dict[str, str | None] = field(default_factory=dict)
+    revisions: dict[str, str | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # Hydra hands over ListConfig objects; plain lists keep the task picklable and simple.
-        self.tasks = list(self.tasks)
+        # Hydra hands over ListConfig/DictConfig objects; plain containers keep the task picklable.
+        self.tasks = list(PAPER) if self.tasks in ("paper", ["paper"]) else list(self.tasks)
         self.lengths = list(self.lengths)
+        self.data_files = dict(self.data_files)
+        self.revisions = dict(self.revisions)
         if not self.tasks:
-            raise ValueError(f"task.tasks is empty; choose from {sorted(SUBTASKS)}")
+            raise ValueError(f"task.tasks is empty; choose from {list(PAPER)} or 'paper'")
         for name in self.tasks:
-            if name not in SUBTASKS:
-                raise ValueError(f"unknown RULER subtask {name!r}; choose from {sorted(SUBTASKS)}")
+            if name not in PAPER:
+                raise ValueError(f"unknown RULER subtask {name!r}; choose from {list(PAPER)} or 'paper'")
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError(f"task.tasks lists a subtask twice: {self.tasks}")
         if not self.lengths:
@@ -85,65 +118,137 @@ class RulerTask(Task):
         for length in self.lengths:
             if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
                 raise ValueError(f"task.lengths must be positive integers, got {length!r}")
-            if length <= TOKENS_TO_GENERATE:
+            if length <= MAX_TOKENS_TO_GENERATE:
                 raise ValueError(
                     f"task.lengths: {length} leaves no room for a prompt next to RULER's "
-                    f"{TOKENS_TO_GENERATE} generated tokens"
+                    f"{MAX_TOKENS_TO_GENERATE} generated tokens"
                 )
         if len(set(self.lengths)) != len(self.lengths):
             raise ValueError(f"task.lengths lists a length twice: {self.lengths}")
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"task.n must be an integer >= 1, got {self.n!r}")
-        if self.haystack_file is None:
-            for name in self.tasks:
-                if SUBTASKS[name].haystack == "essay":
-                    raise ValueError(
-                        f"RULER subtask {name!r} uses the essay haystack, which needs a plain-text "
-                        f"corpus: pass task.haystack_file=path/to/text.txt"
-                    )
+        for option in (self.data_files, self.revisions):
+            for key in option:
+                if key not in QA_DATASETS:
+                    raise ValueError(f"qa data options are keyed by {list(QA_DATASETS)}, got {key!r}")
 
     def identity(self) -> dict[str, Any]:
-        return {"seed": self.seed, "chat_template": self.chat_template, "haystack_file": self.haystack_file}
+        identity: dict[str, Any] = {
+            "seed": self.seed,
+            "chat_template": self.chat_template,
+            "haystack_file": self.haystack_file,
+        }
+        # Only when set, so runs from before the qa subtasks keep their run ids.
+        for option in ("data_files", "revisions"):
+            chosen = {key: value for key, value in getattr(self, option).items() if value is not None}
+            if chosen:
+                identity[option] = chosen
+        return identity
 
-    def _essay(self) -> list[str] | None:
-        if not any(SUBTASKS[name].haystack == "essay" for name in self.tasks):
-            return None
-        path = Path(self.haystack_file or "")
-        if not path.is_file():
-            raise FileNotFoundError(f"task.haystack_file={self.haystack_file!r} is not a file")
-        words = essay_words(path.read_text(encoding="utf-8"))
-        if words == [""]:
-            raise ValueError(f"task.haystack_file={self.haystack_file!r} is empty")
-        return words
+    def _family(self, subtask: str, tokenizer: Any, encode: Encoder) -> _Family:
+        if subtask in niah.SUBTASKS:
+            config = niah.SUBTASKS[subtask]
+            words = niah.essay_words(read_text(self.haystack_file, "task.haystack_file"))
+            corpus = words if config.haystack == "essay" else None
+            return _Family(
+                niah.TOKENS_TO_GENERATE,
+                lambda length, index, num, rng: niah.as_sample(niah.synthesize(config, num, rng, corpus)),
+                config.step,
+                refine=False,
+            )
+        if subtask == "vt":
+            vt = variable_tracking.VtConfig()
+            example_noise = self._vt_example_noise(vt, tokenizer)
+            return _Family(
+                variable_tracking.TOKENS_TO_GENERATE,
+                lambda length, index, num, rng: variable_tracking.synthesize(vt, num, example_noise, rng),
+                vt.step,
+            )
+        if subtask == "cwe":
+            cwe = common_words.CweConfig()
+            return _Family(
+                common_words.TOKENS_TO_GENERATE,
+                lambda length, index, num, rng: common_words.synthesize(cwe, length, num, rng),
+                cwe.step,
+                lambda length, index: cwe.num_cw,
+            )
+        if subtask == "fwe":
+            fwe = freq_words.FweConfig()
+            return _Family(
+                freq_words.TOKENS_TO_GENERATE,
+                lambda length, index, num, rng: freq_words.synthesize(fwe, length, num, rng),
+                fwe.step,
+                lambda length, index: fwe.minimum(length),
+            )
+        data = qa.load(QA_DATASETS[subtask], self.data_files.get(subtask), self.revisions.get(subtask))
+        if self.n > len(data.questions):
+            raise ValueError(f"{subtask}: task.n={self.n} but the data holds {len(data.questions)} questions")
+        return _Family(
+            qa.TOKENS_TO_GENERATE,
+            lambda length, index, num, rng: qa.synthesize(data, index, num, rng),
+            lambda length: qa.STEP,
+            lambda length, index: max(len(data.questions[index].golden), 1),
+        )
+
+    def _vt_example_noise(self, config: variable_tracking.VtConfig, tokenizer: Any) -> int:
+        """Noise lines of vt's solved example: RULER fits it alone, raw, to 500 tokens."""
+        raw = make_encoder(tokenizer, chat_template=False)
+        rng = random.Random(f"{self.seed}/vt/example")
+
+        def cost(num: int) -> int:
+            text = variable_tracking.solved_example(config, num, rng)
+            return len(raw(text, ""))
+
+        size = search_size(cost, variable_tracking.EXAMPLE_LENGTH, variable_tracking.EXAMPLE_STEP)
+        if size is None:
+            raise ValueError("vt: the solved example does not fit in 500 tokens with this tokenizer")
+        return size.num_haystack
 
     def examples(self, tokenizer: Any) -> list[Example]:
         encode = make_encoder(tokenizer, self.chat_template)
-        words = self._essay()
         out: list[Example] = []
         for subtask in self.tasks:
-            config = SUBTASKS[subtask]
-            corpus = words if config.haystack == "essay" else None
+            family = self._family(subtask, tokenizer, encode)
             for length in self.lengths:
-                key = f"{self.seed}/{subtask}/{length}"
-                size = search_haystack(config, length, encode, random.Random(f"{key}/search"), corpus)
-                for index in range(self.n):
-                    sample, ids = fit_example(config, length, size, encode, f"{key}/{index}", corpus)
-                    out.append(
-                        Example(
-                            example_id=f"{subtask}/{length}/{index:04d}",
-                            subtask=subtask,
-                            input_ids=ids,
-                            answers=sample.answers,
-                            max_new_tokens=TOKENS_TO_GENERATE,
-                            meta={
-                                "length": length,
-                                "depths": [round(d, 2) for d in sample.depths],
-                                "prompt_tokens": len(ids),
-                                "num_haystack": sample.num_haystack,
-                            },
-                        )
-                    )
+                out.extend(self._at_length(subtask, family, length, encode))
+        return out
+
+    def _at_length(self, subtask: str, family: _Family, length: int, encode: Encoder) -> list[Example]:
+        key = f"{self.seed}/{subtask}/{length}"
+        budget = length - family.tokens_to_generate
+        search_rng = random.Random(f"{key}/search")
+
+        def cost(num: int) -> int:
+            return len(encode_sample(encode, family.build(length, 0, num, search_rng)))
+
+        size = search_size(cost, budget, family.step(length), family.minimum(length, 0))
+        if size is None:
+            raise ValueError(
+                f"{subtask}: length {length} is too short for RULER's prompt: even the smallest "
+                f"haystack does not leave room for {family.tokens_to_generate} generated tokens"
+            )
+        out = []
+        for index in range(self.n):
+            build = functools.partial(family.build, length, index)
+            fitted = fit_size(
+                build, encode, budget, size, f"{key}/{index}", family.minimum(length, index), family.refine
+            )
+            if fitted is None:
+                raise ValueError(f"{key}/{index}: the prompt does not fit in {length} tokens")
+            sample, ids = fitted
+            out.append(
+                Example(
+                    example_id=f"{subtask}/{length}/{index:04d}",
+                    subtask=subtask,
+                    input_ids=ids,
+                    answers=sample.answers,
+                    max_new_tokens=family.tokens_to_generate,
+                    meta={"length": length, **sample.meta, "prompt_tokens": len(ids)},
+                )
+            )
         return out
 
     def score(self, prediction: str, example: Example) -> dict[str, float]:
+        if example.subtask in QA_DATASETS:
+            return {"string_match_part": string_match_part(prediction, example.answers)}
         return {"string_match_all": string_match_all(prediction, example.answers)}

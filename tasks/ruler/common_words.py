@@ -1,0 +1,109 @@
+"""RULER's common words extraction (cwe) synthesis.
+
+Follows NVIDIA RULER (``scripts/data/synthetic/common_words_extraction.py``,
+``scripts/synthetic.yaml`` ``cwe: freq_cw 30, freq_ucw 3, num_cw 10``,
+``scripts/data/synthetic/constants.py``): a numbered list in which ``num_cw`` common words
+appear ``freq_cw`` times and every other word ``freq_ucw`` times, shuffled; the answers are
+the common words. Below 4096 tokens RULER lowers the repeats to 6 and 1 and shows one solved
+list of 20 words (3 and 1 repeats), from 4096 on one of 40 words (10 and 3 repeats). The
+haystack unit is a distinct word.
+
+Where we differ, and why:
+- RULER draws words from the ``wonderwords`` noun, adjective and verb lists and, when a
+  list needs more words than those hold, from its ``english_words.json``. We draw from our
+  own adjective and noun lists (``tasks/ruler/words.py``) and, beyond them, from the
+  distinct lower-case words of the bundled public-domain corpus, so no extra dependency or
+  download is needed.
+- The solved list is an earlier user/assistant exchange in the chat template (RULER
+  concatenates two fully templated prompts with a newline, which is the same conversation
+  written out by hand); without a chat template the text is RULER's exactly.
+- RULER shuffles every list with the same fixed seed; each example here uses its own
+  generator (see ``tasks/ruler/niah.py``).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from functools import cache
+
+from tasks.corpora import read_text
+from tasks.ruler.fit import Sample
+from tasks.ruler.words import ADJECTIVES, NOUNS
+
+TOKENS_TO_GENERATE = 120
+TEMPLATE = (
+    "Below is a numbered list of words. In these words, some appear more often than others. "
+    "Memorize the ones that appear most often.\n{context}\nQuestion: What are the 10 most common words "
+    "in the above list?"
+)
+ANSWER_PREFIX = " Answer: The top 10 words that appear most often in the list are:"
+# RULER's short-context regime and its solved-example sizes.
+SHORT = 4096
+
+
+@dataclass(frozen=True)
+class CweConfig:
+    """RULER's ``cwe`` row of ``synthetic.yaml``."""
+
+    freq_cw: int = 30
+    freq_ucw: int = 3
+    num_cw: int = 10
+
+    def step(self, length: int) -> int:
+        """RULER's increment in distinct words."""
+        return 10
+
+    def repeats(self, length: int) -> tuple[int, int]:
+        """(common, uncommon) repeats of the task's list at ``length``."""
+        return (6, 1) if length < SHORT else (self.freq_cw, self.freq_ucw)
+
+    def shot(self, length: int) -> tuple[int, int, int]:
+        """(distinct words, common repeats, uncommon repeats) of the solved list."""
+        return (20, 3, 1) if length < SHORT else (40, 10, 3)
+
+
+@cache
+def _corpus_words() -> tuple[str, ...]:
+    words = set(re.findall(r"\b[a-z]{3,}\b", read_text(None, "corpus")))
+    return tuple(sorted(words - set(ADJECTIVES) - set(NOUNS)))
+
+
+def word_pool(count: int) -> tuple[str, ...]:
+    """Our word lists, extended by the bundled corpus' vocabulary when ``count`` exceeds them."""
+    base = tuple(sorted(set(ADJECTIVES) | set(NOUNS)))
+    pool = base if count <= len(base) else base + _corpus_words()
+    if count > len(pool):
+        raise ValueError(f"cwe needs {count} distinct words but the word pool holds {len(pool)}")
+    return pool
+
+
+def numbered(words: list[str]) -> str:
+    """RULER's ``1. word 2. word ...`` formatting."""
+    return " ".join(f"{i + 1}. {word}" for i, word in enumerate(words))
+
+
+def word_list(num_words: int, common: int, uncommon: int, num_cw: int, rng: random.Random) -> tuple[str, list[str]]:
+    """A shuffled numbered list of ``num_words`` distinct words and its ``num_cw`` common words."""
+    words = rng.sample(word_pool(num_words), num_words)
+    frequent, rare = words[:num_cw], words[num_cw:]
+    entries = frequent * common + rare * uncommon
+    rng.shuffle(entries)
+    return numbered(entries), frequent
+
+
+def synthesize(config: CweConfig, length: int, num_words: int, rng: random.Random) -> Sample:
+    """A cwe prompt of ``num_words`` distinct words, preceded by RULER's solved list."""
+    shot_words, shot_common, shot_uncommon = config.shot(length)
+    shot_context, shot_answers = word_list(shot_words, shot_common, shot_uncommon, config.num_cw, rng)
+    common, uncommon = config.repeats(length)
+    context, answers = word_list(num_words, common, uncommon, config.num_cw, rng)
+    shot = (TEMPLATE.format(context=shot_context), f"{ANSWER_PREFIX} {numbered(shot_answers)}")
+    return Sample(
+        prompt=TEMPLATE.format(context=context),
+        answer_prefix=ANSWER_PREFIX,
+        answers=answers,
+        shots=(shot,),
+        meta={"num_haystack": num_words},
+    )

@@ -1,0 +1,169 @@
+"""RULER's question answering (qa_1: SQuAD v2 dev, qa_2: HotpotQA dev) synthesis.
+
+Follows NVIDIA RULER (``scripts/data/synthetic/qa.py``, ``scripts/synthetic.yaml``
+``qa_1: dataset squad``, ``qa_2: dataset hotpotqa``, ``scripts/data/synthetic/constants.py``):
+the question's golden paragraph(s), then the other paragraphs of the same article (SQuAD),
+then random paragraphs of the whole dev set fill the length; the documents are shuffled and
+written ``Document N:\\n<text>`` separated by blank lines. SQuAD keeps answerable questions
+only and every gold answer counts; HotpotQA paragraphs are ``title\\n<sentences joined>``.
+Example ``i`` asks the dev set's ``i``-th (answerable) question, as RULER does. The haystack
+unit is one document.
+
+Data comes from the hub through ``datasets`` (``rajpurkar/squad_v2`` validation,
+``hotpotqa/hotpot_qa`` distractor validation), or from a local file in the hub's schema.
+
+Where we differ, and why:
+- RULER shuffles the documents with the same fixed seed for every sample, so at a given
+  document count the golden paragraph sits at the same position in every example; each
+  example here shuffles with its own generator (see ``tasks/ruler/niah.py``).
+- RULER treats all ten distractor-setting paragraphs of a HotpotQA question as golden and
+  cannot build a prompt with fewer than ten documents. We keep the supporting-fact
+  paragraphs golden and use the other eight like SQuAD's same-article paragraphs: identical
+  prompts whenever ten documents fit, and short lengths still work.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.corpora import load_rows
+from tasks.ruler.fit import Sample
+
+TOKENS_TO_GENERATE = 32
+TEMPLATE = (
+    "Answer the question based on the given documents. Only give me the answer and do not output any other "
+    "words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given "
+    "documents. Only give me the answer and do not output any other words.\n\nQuestion: {query}"
+)
+ANSWER_PREFIX = " Answer:"
+DOCUMENT = "Document {i}:\n{document}"
+# RULER's increment in documents.
+STEP = 10
+
+
+@dataclass(frozen=True)
+class QaSource:
+    """Where one qa subtask's dev set lives on the hub."""
+
+    dataset: str
+    path: str
+    name: str | None
+    split: str
+
+
+SOURCES = {
+    "squad": QaSource("squad", "rajpurkar/squad_v2", None, "validation"),
+    "hotpotqa": QaSource("hotpotqa", "hotpotqa/hotpot_qa", "distractor", "validation"),
+}
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question with indices into the shared document list.
+
+    ``golden`` documents are always in the prompt; ``related`` ones (same article, or the
+    question's own distractors) come before random documents of the whole set.
+    """
+
+    query: str
+    answers: list[str]
+    golden: list[int]
+    related: list[int]
+
+
+@dataclass
+class QaData:
+    """A dev set as RULER reads it: unique documents (sorted) and the questions over them."""
+
+    questions: list[Question]
+    documents: list[str]
+
+
+def read_squad(rows: Any) -> QaData:
+    """SQuAD v2 rows (``title, context, question, answers{text, answer_start}``), answerable only."""
+    documents = sorted(set(rows["context"]))
+    index = {doc: i for i, doc in enumerate(documents)}
+    by_title: dict[str, list[int]] = defaultdict(list)
+    for title, context in zip(rows["title"], rows["context"], strict=True):
+        if index[context] not in by_title[title]:
+            by_title[title].append(index[context])
+    questions = []
+    for row in rows:
+        if not row["answers"]["text"]:
+            continue
+        own = index[row["context"]]
+        questions.append(
+            Question(
+                query=row["question"],
+                answers=list(row["answers"]["text"]),
+                golden=[own],
+                related=[i for i in by_title[row["title"]] if i != own],
+            )
+        )
+    return QaData(questions, documents)
+
+
+def _hotpot_documents(row: dict[str, Any]) -> list[tuple[str, str]]:
+    context = row["context"]
+    return [
+        (title, f"{title}\n{''.join(sentences)}")
+        for title, sentences in zip(context["title"], context["sentences"], strict=True)
+    ]
+
+
+def read_hotpotqa(rows: Any) -> QaData:
+    """HotpotQA distractor rows (``question, answer, supporting_facts{title}, context{title, sentences}``)."""
+    documents = sorted({doc for row in rows for _, doc in _hotpot_documents(row)})
+    index = {doc: i for i, doc in enumerate(documents)}
+    questions = []
+    for row in rows:
+        supporting = set(row["supporting_facts"]["title"])
+        own = [(title in supporting, index[doc]) for title, doc in _hotpot_documents(row)]
+        questions.append(
+            Question(
+                query=row["question"],
+                answers=[row["answer"]],
+                golden=[i for gold, i in own if gold],
+                related=[i for gold, i in own if not gold],
+            )
+        )
+    return QaData(questions, documents)
+
+
+def load(dataset: str, data_file: str | None, revision: str | None = None) -> QaData:
+    """Read a dev set from the hub, or from ``data_file`` in the hub's schema."""
+    source = SOURCES[dataset]
+    rows = load_rows(source.path, source.name, source.split, revision, data_file)
+    data = read_squad(rows) if dataset == "squad" else read_hotpotqa(rows)
+    if not data.questions:
+        raise ValueError(f"{source.path}: no usable questions in the data")
+    return data
+
+
+def synthesize(data: QaData, index: int, num_docs: int, rng: random.Random) -> Sample:
+    """Question ``index`` with ``num_docs`` documents around its golden paragraph(s)."""
+    question = data.questions[index]
+    if num_docs >= len(data.documents):
+        # RULER repeats the whole set when the length asks for more documents than it holds.
+        repeats = -(-num_docs // len(data.documents))
+        chosen = (list(range(len(data.documents))) * repeats)[:num_docs]
+    else:
+        wanted = num_docs - len(question.golden)
+        if wanted > len(question.related):
+            taken = set(question.golden) | set(question.related)
+            others = [i for i in range(len(data.documents)) if i not in taken]
+            chosen = question.golden + question.related + rng.sample(others, wanted - len(question.related))
+        else:
+            chosen = question.golden + rng.sample(question.related, max(wanted, 0))
+    rng.shuffle(chosen)
+    context = "\n\n".join(DOCUMENT.format(i=i + 1, document=data.documents[d]) for i, d in enumerate(chosen))
+    golden = [position + 1 for position, d in enumerate(chosen) if d in question.golden]
+    return Sample(
+        prompt=TEMPLATE.format(context=context, query=question.query),
+        answer_prefix=ANSWER_PREFIX,
+        answers=question.answers,
+        meta={"num_haystack": num_docs, "golden_documents": golden},
+    )
