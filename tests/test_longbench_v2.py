@@ -1,0 +1,118 @@
+"""LongBench-v2 task: official templates, answer regex, truncation, loading, breakdown fields, config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from harness.config import compose_config
+from harness.models import ModelSpec, load_tokenizer
+from tasks.longbench_v2.protocol import TEMPLATE_0SHOT, extract_answer, fill
+from tasks.longbench_v2.task import LongBenchV2Task
+
+FIXTURES = Path(__file__).parent / "fixtures" / "longbench_v2"
+RECORD = {
+    "context": "  Some document.\n",
+    "question": " Which one? ",
+    "choice_A": "alpha",
+    "choice_B": "beta ",
+    "choice_C": "gamma",
+    "choice_D": "delta",
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    config = compose_config("model=smollm2_135m").model
+    return load_tokenizer(ModelSpec(**OmegaConf.to_container(config, resolve=True)))
+
+
+def test_zero_shot_prompt() -> None:
+    assert fill(TEMPLATE_0SHOT, RECORD) == (
+        "Please read the following text and answer the question below.\n\n<text>\nSome document.\n</text>\n\n"
+        "What is the correct answer to this question: Which one?\nChoices:\n(A) alpha\n(B) beta\n(C) gamma\n"
+        '(D) delta\n\nFormat your response as follows: "The correct answer is (insert answer here)".'
+    )
+
+
+@pytest.mark.parametrize(
+    ("response", "letter"),
+    [
+        ("The correct answer is (B)", "B"),
+        ("The correct answer is B.", "B"),
+        ("**The correct answer is (C)**", "C"),
+        ("The correct answer is **D**", "D"),
+        ("The correct answer is A, no wait. The correct answer is (C)", "C"),
+        ("The correct answer is (E)", None),
+        ("the correct answer is (B)", None),
+        ("B", None),
+        ("", None),
+    ],
+)
+def test_extract_answer(response: str, letter: str | None) -> None:
+    assert extract_answer(response) == letter
+
+
+def test_examples_and_scores(tokenizer) -> None:
+    task = LongBenchV2Task(data_dir=str(FIXTURES))
+    examples = task.examples(tokenizer)
+    assert [e.example_id for e in examples] == [
+        "longbench_v2/66f000000000000000000001",
+        "longbench_v2/66f000000000000000000002",
+        "longbench_v2/66f000000000000000000003",
+    ]
+    assert [e.example_id for e in task.examples(tokenizer)] == [e.example_id for e in examples]
+    first, second, third = examples
+    assert {e.subtask for e in examples} == {"longbench_v2"}
+    assert (second.meta["difficulty"], second.meta["length"]) == ("hard", "medium")
+    assert first.answers == ["B"] and first.max_new_tokens == 128
+    text = tokenizer.decode(third.input_ids)
+    assert "What is the correct answer to this question: In which chapter is the mill sold?\n" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert task.score(" The correct answer is (B).", first) == {"acc": 1.0}
+    assert task.score("The correct answer is (A)", first) == {"acc": 0.0}
+    assert task.score("", first) == {"acc": 0.0}
+    assert task.score("I think it is B", first) == {"acc": 0.0}
+    assert task.stop_strings(first) == []
+
+
+def test_cot(tokenizer) -> None:
+    example = LongBenchV2Task(data_dir=str(FIXTURES), cot=True, n=1).examples(tokenizer)[0]
+    assert example.max_new_tokens == 1024
+    assert "(D) Nobody\n\nLet\u2019s think step by step:<|im_end|>" in tokenizer.decode(example.input_ids)
+
+
+def test_truncation_keeps_the_larger_half_at_the_end(tokenizer) -> None:
+    task = LongBenchV2Task(data_dir=str(FIXTURES), max_length=41, n=1)
+    [row] = task.records()
+    ids = tokenizer(fill(TEMPLATE_0SHOT, row))["input_ids"]
+    kept = tokenizer.decode(ids[:20], skip_special_tokens=True) + tokenizer.decode(ids[-21:], skip_special_tokens=True)
+    example = task.build(tokenizer, row)
+    assert example.meta["truncated"] is True
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": kept}], tokenize=False, add_generation_prompt=True
+    )
+    assert example.input_ids == tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
+
+def test_missing_data_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(FileNotFoundError, match=r"task\.data_dir=<the folder holding data\.json>"):
+        LongBenchV2Task(data_dir=str(tmp_path)).records()
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'zai-org/LongBench-v2' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(RuntimeError, match=r"zai-org/LongBench-v2@2b48e494.*task\.data_dir="):
+        LongBenchV2Task().records()
+
+
+def test_hydra_config() -> None:
+    task = instantiate(compose_config("task=longbench_v2", "task.cot=true", "task.n=5").task)
+    assert isinstance(task, LongBenchV2Task) and task.cot is True and task.n == 5
+    assert task.identity() != LongBenchV2Task().identity()
+    assert LongBenchV2Task(n=3).identity() == LongBenchV2Task().identity()
