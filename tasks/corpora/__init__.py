@@ -54,7 +54,7 @@ class HubText:
     data_files: str | None = None
 
     def load(self) -> str:
-        rows = load_rows(self.path, self.name, self.split, self.revision, self.data_files)
+        rows = load_rows(self.path, self.name, self.split, self.revision, self.data_files, "task.data_files")
         if self.column not in rows.column_names:
             raise ValueError(f"{self.path}: no column {self.column!r} (columns: {rows.column_names})")
         # wikitext keeps its own line breaks inside each row; rows join without extra separators.
@@ -62,12 +62,12 @@ class HubText:
 
 
 def load_rows(
-    path: str, name: str | None, split: str, revision: str | None, data_files: str | None
+    path: str, name: str | None, split: str, revision: str | None, data_files: str | None, option: str
 ) -> datasets.Dataset:
     """A ``datasets.Dataset`` from the hub, or from ``data_files`` in the hub's schema.
 
     A dataset the hub cannot serve (offline, not cached) fails with a message that says how
-    to get it.
+    to get it; ``option`` names the config field that takes a local file instead.
     """
     import datasets
 
@@ -82,6 +82,6 @@ def load_rows(
         where = f"{path}" + (f" ({name})" if name else "") + f", split {split!r}"
         raise RuntimeError(
             f"could not load {where} from the Hugging Face hub: {error}. Run once with network access "
-            f"to fill the datasets cache (HF_HUB_OFFLINE unset), or point the task's data file option at "
-            f"a local json/jsonl/parquet copy in the hub's schema."
+            f"to fill the datasets cache (HF_HUB_OFFLINE unset), or pass {option}=path/to/file.jsonl, a local "
+            f"json/jsonl/parquet copy in the hub's schema."
         ) from error

@@ -159,9 +159,7 @@ def _essay_context(
     return " ".join(parts), depths
 
 
-def synthesize(
-    config: NiahConfig, num_haystack: int, rng: random.Random, words: list[str] | None = None
-) -> NiahSample:
+def synthesize(config: NiahConfig, num_haystack: int, rng: random.Random, words: list[str] | None = None) -> NiahSample:
     """Draw needles and build the RULER prompt around a haystack of ``num_haystack`` units.
 
     ``words`` is the essay corpus (``essay_words``), required for essay haystacks.
@@ -172,9 +170,7 @@ def synthesize(
     for _ in range(config.num_keys):
         keys.append(random_value(config.type_needle_k, rng))
         values.append([random_value(config.type_needle_v, rng) for _ in range(config.num_needle_v)])
-        needles.extend(
-            NEEDLE.format(type_needle_v=config.type_needle_v, key=keys[-1], value=v) for v in values[-1]
-        )
+        needles.extend(NEEDLE.format(type_needle_v=config.type_needle_v, key=keys[-1], value=v) for v in values[-1])
     rng.shuffle(needles)
 
     if config.haystack == "essay":

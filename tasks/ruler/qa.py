@@ -133,10 +133,10 @@ def read_hotpotqa(rows: Any) -> QaData:
     return QaData(questions, documents)
 
 
-def load(dataset: str, data_file: str | None, revision: str | None = None) -> QaData:
-    """Read a dev set from the hub, or from ``data_file`` in the hub's schema."""
+def load(dataset: str, data_file: str | None, revision: str | None, option: str) -> QaData:
+    """Read a dev set from the hub, or from ``data_file`` in the hub's schema (``option`` names that field)."""
     source = SOURCES[dataset]
-    rows = load_rows(source.path, source.name, source.split, revision, data_file)
+    rows = load_rows(source.path, source.name, source.split, revision, data_file, option)
     data = read_squad(rows) if dataset == "squad" else read_hotpotqa(rows)
     if not data.questions:
         raise ValueError(f"{source.path}: no usable questions in the data")

@@ -180,7 +180,12 @@ class RulerTask(Task):
                 fwe.step,
                 lambda length, index: fwe.minimum(length),
             )
-        data = qa.load(QA_DATASETS[subtask], self.data_files.get(subtask), self.revisions.get(subtask))
+        data = qa.load(
+            QA_DATASETS[subtask],
+            self.data_files.get(subtask),
+            self.revisions.get(subtask),
+            f"task.data_files.{subtask}",
+        )
         if self.n > len(data.questions):
             raise ValueError(f"{subtask}: task.n={self.n} but the data holds {len(data.questions)} questions")
         return _Family(
