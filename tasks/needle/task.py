@@ -1,0 +1,203 @@
+"""The needle-in-a-haystack grid: context lengths x needle depths.
+
+In the style of the classic "needle in a haystack" pressure test (one fact hidden in long
+prose at a given depth, then a question about it), as used by the KV-cache papers for their
+heatmaps (the InertiaKV appendix: 12 lengths from 10k to 120k tokens x 9 depths). The
+wording of the needle and question is ours. The haystack is prose: ``haystack_file`` or the
+bundled public-domain text (``tasks/corpora``). The needle goes at the sentence boundary
+closest to ``depth`` percent of the haystack's characters (0: before the first sentence,
+100: after the last); every depth of one (length, index) uses the same haystack, so a row of
+the heatmap compares depths on the same text.
+
+Metrics (x100): ROUGE-L F of the answer against the needle sentence (``rouge-score``, the
+primary metric), exact match of the normalised answer and the needle, and hit: the needle's
+key phrase appears in the answer.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import string
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from rouge_score import rouge_scorer
+
+from tasks.base import Example, Task
+from tasks.corpora import read_text
+from tasks.ruler.fit import Sample, encode_sample, fit_size, search_size
+from tasks.ruler.niah import essay_words, split_sentences
+from tasks.ruler.task import make_encoder
+
+NEEDLE = (
+    "The best way to spend a rainy afternoon in Lisbon is to ride the old yellow tram up to the castle "
+    "and drink a cup of hot chocolate."
+)
+QUESTION = "What is the best way to spend a rainy afternoon in Lisbon?"
+ANSWER = "yellow tram"
+TEMPLATE = (
+    "Below is a long text. Somewhere in it is a sentence that answers the question asked after it.\n\n"
+    "{context}\n\nUsing only the text above, answer this question in one sentence: {question}"
+)
+
+
+def normalize(text: str) -> str:
+    """Lower case, no punctuation, single spaces: the exact-match comparison form."""
+    text = text.lower().translate(str.maketrans("", "", string.punctuation))
+    return " ".join(text.split())
+
+
+@functools.cache
+def _rouge() -> rouge_scorer.RougeScorer:
+    return rouge_scorer.RougeScorer(["rougeL"])
+
+
+def rouge_l_f(prediction: str, reference: str) -> float:
+    """ROUGE-L F1 as ``rouge_score`` computes it (its default tokenizer, no stemming)."""
+    return _rouge().score(reference, prediction)["rougeL"].fmeasure
+
+
+def insert_needle(sentences: list[str], needle: str, depth: float) -> tuple[str, int]:
+    """Join ``sentences`` with ``needle`` at the boundary nearest ``depth`` % of the characters.
+
+    Returns the text and the number of sentences before the needle.
+    """
+    ends = []
+    total = 0
+    for sentence in sentences:
+        total += len(sentence) + 1
+        ends.append(total)
+    target = depth / 100 * total
+    boundaries = [0, *ends]
+    cut = min(range(len(boundaries)), key=lambda i: abs(boundaries[i] - target))
+    return " ".join([*sentences[:cut], needle, *sentences[cut:]]), cut
+
+
+@dataclass(frozen=True)
+class _Corpus:
+    """The haystack's words and the word indices where its sentences start."""
+
+    words: list[str]
+    starts: list[int]
+
+    @classmethod
+    def of(cls, text: str) -> _Corpus:
+        words = essay_words(text)
+        starts = [0] + [i + 1 for i, word in enumerate(words[:-1]) if word[-1] in ".!?"]
+        return cls(words, starts)
+
+
+@dataclass
+class NeedleTask(Task):
+    """Needle in a haystack over a grid of context lengths and depths.
+
+    Parameters:
+        lengths: context lengths in tokens (prompt plus ``max_new_tokens``).
+        depths: needle depths in percent of the haystack (0 = start, 100 = end).
+        n: examples per (length, depth); each index uses a different stretch of the corpus.
+        seed: base seed (which stretch of the corpus each index starts at).
+        chat_template: wrap the prompt in the tokenizer's chat template when it has one.
+        haystack_file: plain-text haystack (None: the bundled public-domain text).
+        needle: the hidden sentence, also the ROUGE/exact-match reference.
+        question: the question about it.
+        answer: the key phrase whose presence in the answer counts as a hit.
+        max_new_tokens: generation length.
+    """
+
+    name: ClassVar[str] = "needle"
+
+    lengths: list[int] = field(default_factory=lambda: [1024, 2048])
+    depths: list[float] = field(default_factory=lambda: [0, 25, 50, 75, 100])
+    n: int = 1
+    seed: int = 0
+    chat_template: bool = True
+    haystack_file: str | None = None
+    needle: str = NEEDLE
+    question: str = QUESTION
+    answer: str = ANSWER
+    max_new_tokens: int = 48
+
+    def __post_init__(self) -> None:
+        self.lengths = list(self.lengths)
+        self.depths = list(self.depths)
+        if not self.lengths or any(
+            isinstance(x, bool) or not isinstance(x, int) or x <= self.max_new_tokens for x in self.lengths
+        ):
+            raise ValueError(
+                f"task.lengths must be integers above max_new_tokens={self.max_new_tokens}: {self.lengths}"
+            )
+        if len(set(self.lengths)) != len(self.lengths):
+            raise ValueError(f"task.lengths lists a length twice: {self.lengths}")
+        if not self.depths or any(not 0 <= d <= 100 for d in self.depths):
+            raise ValueError(f"task.depths must be percentages in [0, 100]: {self.depths}")
+        if len(set(self.depths)) != len(self.depths):
+            raise ValueError(f"task.depths lists a depth twice: {self.depths}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"task.n must be an integer >= 1, got {self.n!r}")
+        if self.answer.lower() not in self.needle.lower():
+            raise ValueError(f"task.answer={self.answer!r} does not occur in task.needle")
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "chat_template": self.chat_template,
+            "haystack_file": self.haystack_file,
+            "needle": self.needle,
+            "question": self.question,
+            "max_new_tokens": self.max_new_tokens,
+        }
+
+    def _build(self, corpus: _Corpus, length: int, index: int, depth: float, num: int, _: Any) -> Sample:
+        # The stretch of corpus depends on (seed, length, index) only, not on the depth; it
+        # starts at a sentence and is cut after ``num`` words, like RULER's essay haystack.
+        start = random.Random(f"{self.seed}/{length}/{index}").choice(corpus.starts)
+        words = [corpus.words[(start + i) % len(corpus.words)] for i in range(num)]
+        context, before = insert_needle(split_sentences(" ".join(words)), self.needle, depth)
+        return Sample(
+            prompt=TEMPLATE.format(context=context, question=self.question),
+            answer_prefix="",
+            answers=[self.needle],
+            meta={"num_haystack": num, "needle_sentence": before},
+        )
+
+    def examples(self, tokenizer: Any) -> list[Example]:
+        encode = make_encoder(tokenizer, self.chat_template)
+        corpus = _Corpus.of(read_text(self.haystack_file, "task.haystack_file"))
+        out: list[Example] = []
+        for length in self.lengths:
+            budget = length - self.max_new_tokens
+
+            def cost(num: int, length: int = length) -> int:
+                return len(encode_sample(encode, self._build(corpus, length, 0, 50, num, None)))
+
+            size = search_size(cost, budget, step=10)
+            if size is None:
+                raise ValueError(
+                    f"needle: length {length} leaves no room for the prompt and {self.max_new_tokens} new tokens"
+                )
+            for depth in self.depths:
+                for index in range(self.n):
+                    build = functools.partial(self._build, corpus, length, index, depth)
+                    fitted = fit_size(build, encode, budget, size, f"{self.seed}/{length}/{depth}/{index}")
+                    if fitted is None:
+                        raise ValueError(f"needle/{length}/{depth}/{index}: the prompt does not fit")
+                    sample, ids = fitted
+                    out.append(
+                        Example(
+                            example_id=f"needle/{length}/{depth:g}/{index}",
+                            subtask="needle",
+                            input_ids=ids,
+                            answers=sample.answers,
+                            max_new_tokens=self.max_new_tokens,
+                            meta={"length": length, "depth": depth, **sample.meta, "prompt_tokens": len(ids)},
+                        )
+                    )
+        return out
+
+    def score(self, prediction: str, example: Example) -> dict[str, float]:
+        return {
+            "rouge_l_f": 100.0 * rouge_l_f(prediction, self.needle),
+            "exact_match": 100.0 * (normalize(prediction) == normalize(self.needle)),
+            "hit": 100.0 * (self.answer.lower() in prediction.lower()),
+        }

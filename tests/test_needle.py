@@ -1,0 +1,95 @@
+"""Needle grid: ids, placement, length fit and metrics (ROUGE-L F against rouge_score itself)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import hydra.utils
+import pytest
+from omegaconf import OmegaConf
+from rouge_score import rouge_scorer
+
+from harness.config import compose_config
+from harness.models import ModelSpec, load_tokenizer
+from tasks.needle.task import NEEDLE, QUESTION, NeedleTask, normalize, rouge_l_f
+
+HEADER = "Below is a long text. Somewhere in it is a sentence that answers the question asked after it.\n\n"
+FOOTER = f"\n\nUsing only the text above, answer this question in one sentence: {QUESTION}"
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    spec = ModelSpec(**OmegaConf.to_container(compose_config("model=smollm2_135m").model, resolve=True))
+    return load_tokenizer(spec)
+
+
+def user_text(tok: Any, ids: list[int]) -> str:
+    return tok.decode(ids).split("<|im_start|>user\n", 1)[1].rsplit("<|im_end|>", 1)[0]
+
+
+def test_grid(tok: Any) -> None:
+    task = NeedleTask(lengths=[1024, 4096], depths=[0, 12.5, 50, 100], n=2)
+    examples = task.examples(tok)
+    depths = ("0", "12.5", "50", "100")
+    ids = [f"needle/{length}/{depth}/{i}" for length in (1024, 4096) for depth in depths for i in (0, 1)]
+    assert [ex.example_id for ex in examples] == ids
+    haystacks: dict[tuple[int, int], set[str]] = {}
+    for ex in examples:
+        length, depth = ex.meta["length"], ex.meta["depth"]
+        total = len(ex.input_ids) + ex.max_new_tokens
+        assert 0.98 * length <= total <= length, ex.example_id
+        text = user_text(tok, ex.input_ids)
+        assert text.startswith(HEADER) and text.endswith(FOOTER)
+        context = text[len(HEADER) : -len(FOOTER)]
+        assert context.count(NEEDLE) == 1 and ex.answers == [NEEDLE]
+        share = context.index(NEEDLE) / (len(context) - len(NEEDLE))
+        assert abs(100 * share - depth) < 8, (ex.example_id, share)
+        if depth == 0:
+            assert context.startswith(NEEDLE)
+        if depth == 100:
+            assert context.endswith(NEEDLE)
+        # Every depth of one (length, index) hides the needle in the same haystack.
+        haystacks.setdefault((length, int(ex.example_id.rsplit("/", 1)[1])), set()).add(
+            " ".join(context.replace(NEEDLE, "").split())
+        )
+    assert all(len(texts) == 1 for texts in haystacks.values())
+    assert len({next(iter(t)) for t in haystacks.values()}) == 4
+    again = NeedleTask(lengths=[1024], depths=[50], n=1).examples(tok)[0]
+    assert again.input_ids == next(ex.input_ids for ex in examples if ex.example_id == "needle/1024/50/0")
+
+
+def test_metrics() -> None:
+    task = NeedleTask()
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    for prediction in [
+        "Ride the old yellow tram up to the castle.",
+        "You should drink hot chocolate in a cafe.",
+        "I don't know.",
+        NEEDLE.upper(),
+    ]:
+        metrics = task.score(prediction, None)
+        assert list(metrics) == ["rouge_l_f", "exact_match", "hit"]
+        assert metrics["rouge_l_f"] == pytest.approx(100 * scorer.score(NEEDLE, prediction)["rougeL"].fmeasure)
+    # LCS "the cat on the mat" = 5 tokens: P = 5/5, R = 5/6, F = 10/11.
+    assert rouge_l_f("The cat on the mat", "the cat sat on the mat") == pytest.approx(10 / 11)
+    assert task.score("", None) == {"rouge_l_f": 0.0, "exact_match": 0.0, "hit": 0.0}
+    hit = task.score("Take the yellow tram!", None)
+    assert hit["hit"] == 100.0 and hit["exact_match"] == 0.0 and 0 < hit["rouge_l_f"] < 100
+    exact = task.score(f"  {NEEDLE.lower().replace(',', '')}  ", None)
+    assert exact == {"rouge_l_f": 100.0, "exact_match": 100.0, "hit": 100.0}
+    assert normalize("The  Tram, up!") == "the tram up"
+
+
+def test_config_and_validation(tmp_path: Path) -> None:
+    task = hydra.utils.instantiate(compose_config("task=needle").task)
+    assert isinstance(task, NeedleTask) and task.lengths == [1024, 2048] and task.depths == [0, 25, 50, 75, 100]
+    assert task.identity()["needle"] == NEEDLE and "lengths" not in task.identity()
+    with pytest.raises(ValueError, match="task.depths"):
+        NeedleTask(depths=[120])
+    with pytest.raises(ValueError, match="task.lengths"):
+        NeedleTask(lengths=[32])
+    with pytest.raises(ValueError, match="task.answer"):
+        NeedleTask(answer="purple bus")
+    with pytest.raises(FileNotFoundError, match="task.haystack_file"):
+        NeedleTask(haystack_file=str(tmp_path / "missing.txt")).examples(None)
