@@ -101,26 +101,21 @@ def evicting_attention(
         wanted = context.method.wants_prefill_queries
         if wanted:
             start = time.perf_counter()
-            view = LayerView(
-                layer, key[0], value[0], positions, queries=query[0, :, -wanted:], scaling=scaling
-            )
+            view = LayerView(layer, key[0], value[0], positions, queries=query[0, :, -wanted:], scaling=scaling)
             context.method.observe_prefill(view)
             context.score_s += time.perf_counter() - start
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     bias = context.method.logit_bias(layer, positions)
     if not context.attention and bias is None:
-        output, _ = sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout, scaling, **kwargs
-        )
+        output, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
         weights = None
     else:
         output, weights = single_query_attention(query, key, value, scaling, bias)
         context.attention_calls[layer] = context.attention_calls.get(layer, 0) + 1
     if context.observe:
         start = time.perf_counter()
-        context.method.observe(
-            LayerView(layer, key[0], value[0], positions, weights=weights, scaling=scaling)
-        )
+        view = LayerView(layer, key[0], value[0], positions, weights=weights, queries=query[0], scaling=scaling)
+        context.method.observe(view)
         context.score_s += time.perf_counter() - start
     return output, None
 

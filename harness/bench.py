@@ -57,9 +57,7 @@ def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: fl
     )
 
 
-def run(
-    model_name: str, lengths: list[int], rhos: list[float], methods: list[str], new_tokens: int
-) -> pd.DataFrame:
+def run(model_name: str, lengths: list[int], rhos: list[float], methods: list[str], new_tokens: int) -> pd.DataFrame:
     spec = ModelSpec(**OmegaConf.to_container(compose_config(f"model={model_name}").model, resolve=True))
     tokenizer = load_tokenizer(spec)
     model = load_model(spec)
@@ -83,9 +81,7 @@ def run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2_135m")
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--rhos", type=float, nargs="+", default=[0.9])

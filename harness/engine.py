@@ -59,6 +59,25 @@ class Generation:
 StepHook = Callable[[int, attention.StepContext, object], None]
 
 
+def _per_layer(
+    update: Callable[[Tensor, Tensor | None], Tensor], positions: list[Tensor], plan: list[Tensor] | None = None
+) -> list[Tensor]:
+    """Apply ``update`` to every layer's positions, once per distinct (positions, index) pair.
+
+    Token-level methods share one positions tensor and one keep index across all layers, so
+    this does the work once instead of once per layer.
+    """
+    done: dict[tuple[int, int], Tensor] = {}
+    result = []
+    for layer, current in enumerate(positions):
+        index = plan[layer] if plan is not None else None
+        key = (id(current), id(index))
+        if key not in done:
+            done[key] = update(current, index)
+        result.append(done[key])
+    return result
+
+
 @dataclass
 class Engine:
     """Runs a model under an eviction method.
@@ -113,7 +132,7 @@ class Engine:
             return 0.0
         start = time.perf_counter()
         kv_cache.evict(cache, plan)
-        context.positions = [kv_cache.gather_rows(p, index) for p, index in zip(context.positions, plan, strict=True)]
+        context.positions = _per_layer(kv_cache.gather_rows, context.positions, plan)
         return time.perf_counter() - start
 
     @torch.inference_mode()
@@ -125,6 +144,7 @@ class Engine:
         stop: Callable[[list[int]], bool] | None = None,
         seed: int = 0,
         forced: list[int] | None = None,
+        min_new_tokens: int = 0,
     ) -> Generation:
         """Generate up to ``max_new_tokens`` after ``input_ids``.
 
@@ -132,6 +152,8 @@ class Engine:
         ``stop(tokens)`` says so (stop strings). With ``forced``, those tokens are fed instead
         of sampled ones (teacher forcing, ``max_new_tokens`` and stops ignored) and the
         log-probability of each is returned; the method evicts exactly as in generation.
+        Until ``min_new_tokens`` tokens exist, stop tokens cannot be sampled and stop strings
+        are not checked.
         """
         if not input_ids:
             raise ValueError("empty prompt: the engine needs at least one prompt token")
@@ -160,20 +182,27 @@ class Engine:
 
         def next_token(logits: Tensor) -> int:
             if forced is None:
+                if len(tokens) < min_new_tokens and stop_token_ids:
+                    logits = logits.index_fill(
+                        0, torch.tensor(sorted(stop_token_ids), device=logits.device), -torch.inf
+                    )
                 return self.sampling.choose(logits, generator)
             target = forced[len(target_logprobs)]
             target_logprobs.append(float(torch.log_softmax(logits.float(), dim=-1)[target]))
             return target
 
-        tokens = [next_token(logits)]
+        tokens: list[int] = []
+        tokens.append(next_token(logits))
         max_cache_len = 0
         start = time.perf_counter()
         step = 0
-        while len(tokens) < max_new_tokens and tokens[-1] not in stop_token_ids and not (stop and stop(tokens)):
+        while len(tokens) < max_new_tokens and (
+            len(tokens) < min_new_tokens or (tokens[-1] not in stop_token_ids and not (stop and stop(tokens)))
+        ):
             step += 1
             position = prefill_len + step - 1
             newest = torch.full((self.num_kv_heads, 1), position, device=self.device)
-            context.positions = [torch.cat([p, newest], dim=1) for p in context.positions]
+            context.positions = _per_layer(lambda p, _, new=newest: torch.cat([p, new], dim=1), context.positions)
             context.step = step
             context.observe = self.method.observes(step)
             context.attention = self.method.needs_attention(step)

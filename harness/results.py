@@ -97,9 +97,7 @@ def _run_folders(root: Path) -> list[Path]:
     # One level deep only: results/<run id>/records.jsonl. Hidden folders (.hydra logs and
     # the like) never hold runs, and tables/ and figures/ hold no records file.
     return sorted(
-        path.parent
-        for path in root.glob("*/records.jsonl")
-        if not path.parent.name.startswith(".") and path.is_file()
+        path.parent for path in root.glob("*/records.jsonl") if not path.parent.name.startswith(".") and path.is_file()
     )
 
 

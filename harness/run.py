@@ -12,6 +12,7 @@ import json
 import logging
 import zlib
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from harness import provenance
-from harness.engine import Engine, Generation
+from harness.engine import Engine
 from harness.models import ModelSpec, load_model, load_tokenizer
 from harness.records import RecordFile
 from harness.sampling import Sampling
@@ -51,7 +52,7 @@ def run_id(cfg: DictConfig, task: Task) -> str:
     if sampling["temperature"] > 0:
         task_identity["sampling"] = sampling
     return (
-        f"{cfg.model.name}__{cfg.method.name}-{_digest(method)}__{task.name}-{_digest(task_identity)}"
+        f"{model_name(cfg, task)}__{cfg.method.name}-{_digest(method)}__{task.name}-{_digest(task_identity)}"
         f"__rho{cfg.rho}__seed{cfg.seed}"
     )
 
@@ -80,41 +81,73 @@ def stop_on_strings(tokenizer: Any, strings: list[str]) -> Callable[[list[int]],
     return lambda tokens: any(s in tokenizer.decode(tokens[-16:], skip_special_tokens=True) for s in strings)
 
 
-def make_record(
-    cfg: DictConfig,
-    run: str,
-    task: Task,
-    example: Example,
-    prediction: str,
-    metrics: dict[str, float],
-    generation: Generation,
-) -> dict[str, Any]:
-    decode_steps = max(generation.new_tokens - 1, 0)
-    return {
+RECORD_FIELDS = (
+    "prediction", "metrics", "prefill_len", "budget", "cache_len_final", "kv_bytes_final", "kv_bytes_full",
+    "prefill_s", "decode_s", "new_tokens", "decode_tokens_per_s", "score_s", "evict_s",
+)  # fmt: skip
+
+
+def model_name(cfg: DictConfig, task: Task) -> str:
+    """The evaluated model, or ``world`` for tasks that simulate their own attention (dialogs)."""
+    return cfg.model.name if getattr(task, "needs_model", True) else "world"
+
+
+def make_record(cfg: DictConfig, run: str, task: Task, example: Example, outcome: dict[str, Any]) -> dict[str, Any]:
+    """One line of ``records.jsonl``: identity, the outcome's public fields, the rest under ``meta``."""
+    outcome = dict(outcome)
+    decode_steps = max(outcome["new_tokens"] - 1, 0)
+    if outcome.get("decode_tokens_per_s") is None and outcome["decode_s"] > 0:
+        outcome["decode_tokens_per_s"] = decode_steps / outcome["decode_s"]
+    record = {
         "run_id": run,
-        "model": cfg.model.name,
+        "model": model_name(cfg, task),
         "method": cfg.method.name,
         "task": task.name,
         "subtask": example.subtask,
         "rho": cfg.rho,
         "seed": cfg.seed,
         "example_id": example.example_id,
-        "prediction": prediction,
         "answers": example.answers,
-        "metrics": metrics,
-        "prefill_len": generation.prefill_len,
-        "budget": generation.budget,
-        "cache_len_final": generation.cache_len_final,
-        "kv_bytes_final": generation.kv_bytes_final,
-        "kv_bytes_full": generation.kv_bytes_full,
-        "prefill_s": round(generation.prefill_s, 4),
-        "decode_s": round(generation.decode_s, 4),
-        "new_tokens": generation.new_tokens,
-        "decode_tokens_per_s": round(decode_steps / generation.decode_s, 3) if generation.decode_s > 0 else None,
-        "score_s": round(generation.score_s, 4),
-        "evict_s": round(generation.evict_s, 4),
-        "meta": example.meta,
     }
+    for name in RECORD_FIELDS:
+        value = outcome.pop(name, 0.0 if name.endswith("_s") else None)
+        record[name] = round(value, 4) if isinstance(value, float) else value
+    record["meta"] = {**example.meta, **outcome}
+    return record
+
+
+def model_runner(
+    cfg: DictConfig, spec: ModelSpec, task: Task, method: EvictionMethod, tokenizer: Any, todo: list[Example]
+) -> tuple[Callable[[Example], dict[str, Any]], torch.device]:
+    """Load the model, check every pending example against the method, return the per-example runner."""
+    model = load_model(spec)
+    engine = Engine(model, method, Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True)))
+    for example in todo:
+        engine.check(len(example.input_ids), example.max_new_tokens)
+    stops = stop_token_ids(model, tokenizer)
+
+    def run_one(example: Example) -> dict[str, Any]:
+        generation = engine.generate(
+            example.input_ids,
+            example.max_new_tokens,
+            stop_token_ids=stops | set(example.stop_token_ids),
+            stop=stop_on_strings(tokenizer, task.stop_strings(example)),
+            seed=example_seed(cfg.seed, example.example_id),
+            forced=example.forced_ids,
+            min_new_tokens=example.min_new_tokens,
+        )
+        prediction = tokenizer.decode(generation.tokens, skip_special_tokens=True)
+        if example.forced_ids is None:
+            metrics = task.score(prediction, example)
+        else:
+            metrics = task.score_logprobs(generation.target_logprobs, example)
+        return {
+            "prediction": prediction,
+            "metrics": metrics,
+            **{name: getattr(generation, name) for name in RECORD_FIELDS[2:] if hasattr(generation, name)},
+        }
+
+    return run_one, model.device
 
 
 def execute(cfg: DictConfig) -> dict[str, Any]:
@@ -122,52 +155,35 @@ def execute(cfg: DictConfig) -> dict[str, Any]:
     validate(cfg)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    spec = ModelSpec(**OmegaConf.to_container(cfg.model, resolve=True))
     task: Task = instantiate(cfg.task)
     method: EvictionMethod = instantiate(cfg.method)
-    sampling = Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True))
+    uses_model = getattr(task, "needs_model", True)
+    spec = ModelSpec(**OmegaConf.to_container(cfg.model, resolve=True)) if uses_model else None
     run = run_id(cfg, task)
     folder = Path(cfg.results_dir) / run
     records = RecordFile(folder / "records.jsonl")
     OmegaConf.save(cfg, folder / "config.yaml", resolve=True)
 
-    tokenizer = load_tokenizer(spec)
+    tokenizer = load_tokenizer(spec) if uses_model else None
     examples = task.examples(tokenizer)
     todo = [example for example in examples if example.example_id not in records]
     log.info(
-        "%s: %d examples, %d already recorded, %d to run",
-        run,
-        len(examples),
-        len(examples) - len(todo),
-        len(todo),
+        "%s: %d examples, %d already recorded, %d to run", run, len(examples), len(examples) - len(todo), len(todo)
     )
     if todo:
-        model = load_model(spec)
-        engine = Engine(model, method, sampling)
-        for example in todo:
-            engine.check(len(example.input_ids), example.max_new_tokens)
+        if uses_model:
+            run_one, device = model_runner(cfg, spec, task, method, tokenizer, todo)
+        else:
+            run_one, device = partial(task.run_example, method), torch.device("cpu")
         with (folder / "provenance.jsonl").open("a") as handle:
-            handle.write(json.dumps(provenance.collect(model.device)) + "\n")
-        stops = stop_token_ids(model, tokenizer)
+            handle.write(json.dumps(provenance.collect(device)) + "\n")
         scores: list[float] = []
         progress = tqdm(todo, desc=f"{cfg.method.name} rho={cfg.rho}", unit="ex", dynamic_ncols=True)
         for example in progress:
-            generation = engine.generate(
-                example.input_ids,
-                example.max_new_tokens,
-                stop_token_ids=stops,
-                stop=stop_on_strings(tokenizer, task.stop_strings(example)),
-                seed=example_seed(cfg.seed, example.example_id),
-                forced=example.forced_ids,
-            )
-            prediction = tokenizer.decode(generation.tokens, skip_special_tokens=True)
-            if example.forced_ids is None:
-                metrics = task.score(prediction, example)
-            else:
-                metrics = task.score_logprobs(generation.target_logprobs, example)
-            records.append(make_record(cfg, run, task, example, prediction, metrics, generation))
-            scores.append(next(iter(metrics.values())))
-            progress.set_postfix(score=f"{sum(scores) / len(scores):.1f}", kv=f"{generation.cache_len_final}")
+            record = make_record(cfg, run, task, example, run_one(example))
+            records.append(record)
+            scores.append(next(iter(record["metrics"].values())))
+            progress.set_postfix(score=f"{sum(scores) / len(scores):.3g}", kv=f"{record['cache_len_final']}")
     summary = summarize(records.records())
     summary["run_id"] = run
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

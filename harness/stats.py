@@ -159,9 +159,7 @@ def paired_bootstrap(
     else:
         mean_diff = float(diff.mean())
         tail = (1.0 - confidence) / 2.0
-        ci_low, ci_high = (
-            float(q) for q in np.quantile(bootstrap_means(diff, n_resamples, seed), [tail, 1 - tail])
-        )
+        ci_low, ci_high = (float(q) for q in np.quantile(bootstrap_means(diff, n_resamples, seed), [tail, 1 - tail]))
     return PairedComparison(
         mean_a=float(a_arr.mean()),
         mean_b=float(b_arr.mean()),
@@ -262,9 +260,7 @@ def compare(
     """
     by = list(by)
     if metric not in df.columns:
-        raise KeyError(
-            f"no column {metric!r} (metric columns: {[c for c in df.columns if c.startswith('metric.')]})"
-        )
+        raise KeyError(f"no column {metric!r} (metric columns: {[c for c in df.columns if c.startswith('metric.')]})")
     extra = [column for column in by if column not in PAIR_KEY]
     columns = list(dict.fromkeys([*PAIR_KEY, *extra, metric]))
     sides = []
@@ -298,16 +294,12 @@ def compare(
     paired = merged[merged["_paired"]]
     if "model" not in by and paired["model"].nunique() > 1:
         # Differences from different models are pooled into one interval: rarely intended.
-        log.warning(
-            "compare: pooling %d models (add 'model' to by to separate them)", paired["model"].nunique()
-        )
+        log.warning("compare: pooling %d models (add 'model' to by to separate them)", paired["model"].nunique())
 
     def summarize(group: pd.DataFrame) -> dict[str, Any]:
         shared = group[group["_paired"]]
         comparison = (
-            paired_bootstrap(
-                shared[a_col], shared[b_col], n_resamples=n_resamples, seed=seed, confidence=confidence
-            )
+            paired_bootstrap(shared[a_col], shared[b_col], n_resamples=n_resamples, seed=seed, confidence=confidence)
             if len(shared)
             else None
         )

@@ -57,7 +57,8 @@ class LayerView:
         weights: softmax attention of the current query, ``(kv_heads, group, T)``, where
             ``group`` is the number of query heads sharing one KV head; ``None`` when the
             scorer asked for no attention.
-        queries: prefill only, the last query rows ``(query_heads, Q, head_dim)`` after RoPE.
+        queries: query rows after RoPE, ``(query_heads, Q, head_dim)``: the trailing prompt
+            queries at the prefill, the current query (Q = 1) at a decode step.
         scaling: the softmax temperature the model uses (``1/sqrt(head_dim)`` usually).
     """
 

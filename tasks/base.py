@@ -24,6 +24,10 @@ class Example:
         meta: anything else worth keeping in the record (length, depth, ...).
         forced_ids: a continuation to teacher-force instead of generating (perplexity tasks);
             the task then scores log-probabilities through ``score_logprobs``.
+        stop_token_ids: token ids that end generation for this example, beyond the model's
+            end-of-turn (LongBench's samsum stops at the newline token).
+        min_new_tokens: stop tokens are suppressed until this many tokens exist (the official
+            ``min_length`` of protocols that add stop tokens).
     """
 
     example_id: str
@@ -33,6 +37,8 @@ class Example:
     max_new_tokens: int
     meta: dict[str, Any] = field(default_factory=dict)
     forced_ids: list[int] | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    min_new_tokens: int = 0
 
 
 class Task(ABC):

@@ -237,3 +237,15 @@ def test_teacher_forcing_scores_the_given_tokens_under_eviction(tiny_models):
     # The first two targets are scored before any eviction; later ones see the smaller cache.
     torch.testing.assert_close(torch.tensor(evicted.target_logprobs[:2]), expected[:2], rtol=1e-4, atol=1e-4)
     assert evicted.target_logprobs[2:] != full.target_logprobs[2:]
+
+
+def test_min_new_tokens_suppresses_stop_tokens(tiny_models):
+    model = tiny_models["tiny_llama"]
+    ids = prompt(12)
+    free = Engine(model, FullCache()).generate(ids, NEW_TOKENS).tokens
+    first = free[0]
+    stopped = Engine(model, FullCache()).generate(ids, NEW_TOKENS, stop_token_ids={first}).tokens
+    assert stopped == [first]
+    held = Engine(model, FullCache()).generate(ids, NEW_TOKENS, stop_token_ids={first}, min_new_tokens=1).tokens
+    assert held[0] != first
+    assert len(held) > 1

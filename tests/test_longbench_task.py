@@ -163,10 +163,15 @@ def test_middle_truncation_before_the_chat_template(tokenizer) -> None:
     assert raw.input_ids == tokenizer(cut)["input_ids"]
 
 
-def test_samsum_stops_at_newline(task: LongBenchTask, examples: dict[str, Example]) -> None:
-    assert task.stop_strings(examples["samsum/sam0001"]) == ["\n"]
-    assert task.stop_strings(examples["trec/trec0001"]) == []
-    assert task.stop_strings(examples["narrativeqa/nqa0001"]) == []
+def test_samsum_stops_at_the_newline_token_but_not_first(
+    task: LongBenchTask, examples: dict[str, Example], tokenizer
+) -> None:
+    newline = tokenizer.encode("\n", add_special_tokens=False)[-1]
+    samsum = examples["samsum/sam0001"]
+    assert (samsum.stop_token_ids, samsum.min_new_tokens) == ([newline], 1)
+    for other in ("trec/trec0001", "narrativeqa/nqa0001"):
+        assert (examples[other].stop_token_ids, examples[other].min_new_tokens) == ([], 0)
+    assert task.stop_strings(samsum) == []
 
 
 def test_score_keys(task: LongBenchTask, examples: dict[str, Example]) -> None:

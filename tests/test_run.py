@@ -94,3 +94,15 @@ def test_unknown_names_list_the_choices(group, bad):
     assert bad in message
     expected = {"method": "inertia_lazy", "model": "smollm2_135m", "task": "ruler"}[group]
     assert expected in message
+
+
+def test_model_free_task_runs_through_the_harness(tmp_path):
+    overrides = ("task=dialogs", "task.n_dialogs=2", "task.scenarios=[topic_shift]", f"results_dir={tmp_path}")
+    summary = execute(compose_config(*overrides, "method=fdkvc"))
+    assert summary["run_id"].startswith("world__fdkvc-")
+    assert summary["n"] == 2 and summary["primary_metric"] == "alignment"
+    records = [json.loads(line) for line in (tmp_path / summary["run_id"] / "records.jsonl").read_text().splitlines()]
+    for record in records:
+        assert record["model"] == "world"
+        assert record["budget"] == 56 and record["cache_len_final"] <= 56
+        assert len(record["meta"]["turns"]["alignment"]) == 10

@@ -116,12 +116,17 @@ class LongBenchTask(Task):
         base = base_name(dataset)
         prompt, truncated = truncate_middle(tokenizer, build_prompt(dataset, record), self.max_length)
         ids = encode(tokenizer, prompt, chat=self.chat_template and base not in NO_CHAT_TEMPLATE)
+        # pred.py adds the newline token to samsum's end-of-sequence ids with min_length one past
+        # the prompt: the summary may not start with the newline that would end it.
+        samsum = base == "samsum"
         return Example(
             example_id=f"{dataset}/{record['_id']}",
             subtask=dataset,
             input_ids=ids,
             answers=list(record["answers"]),
             max_new_tokens=MAX_NEW_TOKENS[base],
+            stop_token_ids=[tokenizer.encode("\n", add_special_tokens=False)[-1]] if samsum else [],
+            min_new_tokens=1 if samsum else 0,
             meta={
                 "length": length_bucket(int(record["length"])),
                 "length_words": int(record["length"]),
@@ -139,7 +144,3 @@ class LongBenchTask(Task):
         value = metrics.score(example.subtask, prediction, example.answers, example.meta["all_classes"])
         return {"score": value, METRIC[base_name(example.subtask)]: value}
 
-    def stop_strings(self, example: Example) -> list[str]:
-        # pred.py adds the newline token to samsum's end-of-sequence ids (the model otherwise keeps
-        # writing "\nDialogue: ..."); only the first line is scored either way.
-        return ["\n"] if base_name(example.subtask) == "samsum" else []
