@@ -55,7 +55,6 @@ def test_official_values(metric: str, prediction: str, gold: str, expected: floa
 
 @pytest.mark.parametrize(("metric", "prediction", "gold", "expected"), CHINESE)
 def test_official_values_chinese(metric: str, prediction: str, gold: str, expected: float) -> None:
-    pytest.importorskip("jieba")
     assert metrics.METRICS[metric](prediction, gold) == pytest.approx(expected, abs=1e-12)
 
 
@@ -112,7 +111,7 @@ def test_lcc_skips_comment_lines() -> None:
 
 
 def test_rouge_matches_the_official_package() -> None:
-    rouge = pytest.importorskip("rouge")
+    import rouge
     scorer = rouge.Rouge()
     words = ["the", "cat", "Cat", "sat", "on", "mat", ".", "dog", ",", "a", "", " ", "\n", "3.5", "x", "A."]
     rng = random.Random(0)

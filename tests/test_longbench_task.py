@@ -183,7 +183,6 @@ def test_score_keys(task: LongBenchTask, examples: dict[str, Example]) -> None:
 
 
 def test_chinese_fixture(tokenizer) -> None:
-    pytest.importorskip("jieba")
     task = LongBenchTask(datasets=["multifieldqa_zh"], data_dir=str(FIXTURES))
     [example] = task.examples(tokenizer)
     assert "问题：小明住在哪里？\n回答：" in tokenizer.decode(example.input_ids)
