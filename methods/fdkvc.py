@@ -50,9 +50,7 @@ class FDKVC(EvictionMethod):
       the mean of its last ``turn_length`` queries (``observe_prefill``). For single-turn tasks
       this is the per-chunk schedule (a rho update every ``turn_length`` decode steps).
     - The turn's mean query is the mean of the decode queries seen in ``LayerView.queries``
-      (mean over the query heads of a KV head). When the engine passes no decode queries,
-      ``s`` falls back to the turn-mean of ``w_j / max_i w_i`` (the attention normalised by its
-      maximum), which is monotone in the same dot product but not a cosine.
+      (mean over the query heads of a KV head).
     - Per-KV-head keep sets must have one size for all heads (physical gather), so with
       ``granularity="head"`` the threshold drops entries only down to the largest number of
       entries any head keeps above its threshold; with one head (the dialog world) or one
@@ -121,9 +119,6 @@ class FDKVC(EvictionMethod):
         # Per-turn accumulators, per model layer and KV head (queries live in per-layer spaces).
         self._query_sum: list[Tensor | None] = [None] * info.num_layers
         self._query_count = [0] * info.num_layers
-        self._attention_relevance = torch.zeros(
-            info.num_layers, info.num_kv_heads, capacity, device=info.device
-        )
         self._step = -1
         self._turn_start = 0
         # The relevance s of the turn, reduced to state rows, applied in keep() once every
@@ -191,15 +186,9 @@ class FDKVC(EvictionMethod):
 
     def _turn_relevance(self, layer: int, keys: Tensor, positions: Tensor) -> None:
         """Relevance ``s`` of every cached entry of ``layer`` to the turn just ended."""
-        query_sum = self._query_sum[layer]
-        if query_sum is not None and self._query_count[layer] > 0:
-            mean_query = query_sum / self._query_count[layer]
-            cosine = torch.nn.functional.cosine_similarity(keys.float(), mean_query[:, None, :], dim=-1)
-            relevance = self._normalise(cosine)
-        else:
-            steps = max(self._step + 1 - self._turn_start, 1)
-            relevance = self._attention_relevance[layer].gather(1, positions) / steps
-        self._add_relevance(layer, positions, relevance)
+        mean_query = self._query_sum[layer] / self._query_count[layer]
+        cosine = torch.nn.functional.cosine_similarity(keys.float(), mean_query[:, None, :], dim=-1)
+        self._add_relevance(layer, positions, self._normalise(cosine))
         self._query_sum[layer] = None
         self._query_count[layer] = 0
 
@@ -219,8 +208,8 @@ class FDKVC(EvictionMethod):
         self._turn_relevance(view.layer, view.keys, view.positions)
 
     def observe(self, view: LayerView) -> None:
-        if view.weights is None:
-            raise ValueError("FD-KVC needs the attention weights of the current query")
+        if view.weights is None or view.queries is None:
+            raise ValueError("FD-KVC needs the attention weights and the query of the current step")
         attention = view.weights.float().mean(dim=1)
         rows = self._to_rows(attention)
         state_positions = self._row_positions(view.positions)
@@ -229,11 +218,7 @@ class FDKVC(EvictionMethod):
             c.scatter_(1, state_positions, c.gather(1, state_positions) + rows)
         else:
             self._attention_sum[self._state_layer(view.layer)].scatter_add_(1, state_positions, rows)
-        if view.queries is not None:
-            self._accumulate_query(view.layer, view.queries)
-        else:
-            normalised = attention / attention.amax(dim=-1, keepdim=True).clamp_min(1e-12)
-            self._attention_relevance[view.layer].scatter_add_(1, view.positions, normalised)
+        self._accumulate_query(view.layer, view.queries)
         # observe() at step t always follows keep(t - 1).
         if self._turn_end(self._step + 1):
             self._turn_relevance(view.layer, view.keys, view.positions)
@@ -260,7 +245,6 @@ class FDKVC(EvictionMethod):
         self.last_loss = torch.stack(losses)
         self._relevance.zero_()
         self._attention_sum.zero_()
-        self._attention_relevance.zero_()
         self._relevance_pending = False
 
     # ----------------------------------------------------------------- eviction and bias
