@@ -72,10 +72,7 @@ def test_needles_answers_and_template(tok: Any) -> None:
         assert match, text[-300:]
         assert match.group(1) == config.type_needle_v[:-1]
         key = match.group(2)
-        assert (
-            f"What is the special magic {match.group(1)} for {key} mentioned in the provided text?<|im_end|>"
-            in text
-        )
+        assert f"What is the special magic {match.group(1)} for {key} mentioned in the provided text?<|im_end|>" in text
         assert text.count(f"A special magic {match.group(1)} is hidden within the following text.") == 1
 
         [answer] = ex.answers
