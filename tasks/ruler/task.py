@@ -148,8 +148,9 @@ class RulerTask(Task):
     def _family(self, subtask: str, tokenizer: Any, encode: Encoder) -> _Family:
         if subtask in niah.SUBTASKS:
             config = niah.SUBTASKS[subtask]
-            words = niah.essay_words(read_text(self.haystack_file, "task.haystack_file"))
-            corpus = words if config.haystack == "essay" else None
+            corpus = None
+            if config.haystack == "essay":
+                corpus = niah.essay_words(read_text(self.haystack_file, "task.haystack_file"))
             return _Family(
                 niah.TOKENS_TO_GENERATE,
                 lambda length, index, num, rng: niah.as_sample(niah.synthesize(config, num, rng, corpus)),
