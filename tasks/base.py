@@ -69,3 +69,12 @@ class Task(ABC):
     def stop_strings(self, example: Example) -> list[str]:
         """Strings that end generation early (beyond the model's end-of-turn token)."""
         return []
+
+
+def require_int(field_name: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
+    """Refuse a task option that is not an integer >= ``minimum`` (``None`` too when ``optional``)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        allowed = f"null or an integer >= {minimum}" if optional else f"an integer >= {minimum}"
+        raise ValueError(f"task.{field_name} must be {allowed}, got {value!r}")

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from methods.base import EvictionMethod
-from tasks.base import Example, Task
+from tasks.base import Example, Task, require_int
 from tasks.dialogs.simulate import Trace, adaptation, simulate
 from tasks.dialogs.world import SCENARIOS, Dialogs, WorldConfig, make_dialogs, projections
 
@@ -81,8 +81,7 @@ class DialogTask(Task):
         unknown = [s for s in self.scenarios if s not in SCENARIOS]
         if unknown or not self.scenarios:
             raise ValueError(f"task.scenarios={self.scenarios}: choose from {list(SCENARIOS)}")
-        if isinstance(self.n_dialogs, bool) or not isinstance(self.n_dialogs, int) or self.n_dialogs < 1:
-            raise ValueError(f"task.n_dialogs must be an integer >= 1, got {self.n_dialogs!r}")
+        require_int("n_dialogs", self.n_dialogs)
         if self.budget < 1:
             raise ValueError(f"task.budget={self.budget} must be >= 1")
         if self.late_turns < 1:

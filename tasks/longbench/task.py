@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tasks.base import Example, Task
+from tasks.base import Example, Task, require_int
 from tasks.longbench import metrics
 from tasks.longbench.hub import load_rows
 from tasks.longbench.prompting import encode, truncate_middle
@@ -70,10 +70,8 @@ class LongBenchTask(Task):
             base_name(dataset)
         if len(set(self.datasets)) != len(self.datasets):
             raise ValueError(f"task.datasets lists a dataset twice: {self.datasets}")
-        if self.n is not None and (isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1):
-            raise ValueError(f"task.n must be null or an integer >= 1, got {self.n!r}")
-        if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 2:
-            raise ValueError(f"task.max_length must be an integer >= 2, got {self.max_length!r}")
+        require_int("n", self.n, optional=True)
+        require_int("max_length", self.max_length, minimum=2)
 
     def identity(self) -> dict[str, Any]:
         return {

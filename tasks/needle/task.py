@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from rouge_score import rouge_scorer
 
-from tasks.base import Example, Task
+from tasks.base import Example, Task, require_int
 from tasks.corpora import read_text
 from tasks.ruler.fit import Sample, encode_sample, fit_size, search_size
 from tasks.ruler.niah import essay_words, split_sentences
@@ -133,8 +133,7 @@ class NeedleTask(Task):
             raise ValueError(f"task.depths must be percentages in [0, 100]: {self.depths}")
         if len(set(self.depths)) != len(self.depths):
             raise ValueError(f"task.depths lists a depth twice: {self.depths}")
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"task.n must be an integer >= 1, got {self.n!r}")
+        require_int("n", self.n)
         if self.answer.lower() not in self.needle.lower():
             raise ValueError(f"task.answer={self.answer!r} does not occur in task.needle")
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tasks.base import Example, Task
+from tasks.base import Example, Task, require_int
 from tasks.corpora import read_text
 from tasks.ruler import common_words, freq_words, niah, qa, variable_tracking
 from tasks.ruler.fit import Encoder, Sample, encode_sample, fit_size, search_size
@@ -125,8 +125,7 @@ class RulerTask(Task):
                 )
         if len(set(self.lengths)) != len(self.lengths):
             raise ValueError(f"task.lengths lists a length twice: {self.lengths}")
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"task.n must be an integer >= 1, got {self.n!r}")
+        require_int("n", self.n)
         for option in (self.data_files, self.revisions):
             for key in option:
                 if key not in QA_DATASETS:
