@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tasks.base import Example, Task
+from tasks.base import Example, Task, require_int
 from tasks.corpora import BUNDLED_NAME, HubText, read_text
 
 
@@ -49,9 +49,7 @@ class PerplexityTask(Task):
 
     def __post_init__(self) -> None:
         for option in ("prefill", "eval_tokens", "n"):
-            value = getattr(self, option)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"task.{option} must be an integer >= 1, got {value!r}")
+            require_int(option, getattr(self, option))
         if self.text_file is not None and self.hub is not None:
             raise ValueError("set task.text_file or task.hub, not both")
         # Hydra hands over a DictConfig; HubText validates the field names.
