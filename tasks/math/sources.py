@@ -1,0 +1,42 @@
+"""Where each competition's problems live on the hub, and which fields of a row hold what."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Source:
+    """One competition's hub dataset and its schema.
+
+    Parameters:
+        hub_id: hub dataset repository.
+        revision: hub revision read by default (``task.revisions`` overrides it per competition).
+        split: the split holding the problems.
+        id_field: the problem's identifier within the competition (stable across revisions).
+        problem_field: the problem statement (LaTeX).
+        answer_field: the gold final answer (a string).
+    """
+
+    hub_id: str
+    revision: str
+    split: str
+    id_field: str
+    problem_field: str
+    answer_field: str
+
+    def schema(self) -> tuple[str, str, str]:
+        """The fields every row must have."""
+        return (self.id_field, self.problem_field, self.answer_field)
+
+
+# HuggingFaceH4/aime_2024: id (int), problem, solution, answer (str), url, year -- 30 problems of AIME I
+# and II 2024, the copy lighteval and open-r1 read. MathArena/*: problem_idx (int, 1-30), problem, answer
+# (str), problem_type (list of str) -- MathArena's verified LaTeX transcriptions of the 2025 contests.
+# Revisions name the branch; pin a commit per competition with task.revisions.<competition>=<sha>.
+SOURCES: dict[str, Source] = {
+    "aime_2024": Source("HuggingFaceH4/aime_2024", "main", "train", "id", "problem", "answer"),
+    "aime_2025": Source("MathArena/aime_2025", "main", "train", "problem_idx", "problem", "answer"),
+    "hmmt_feb_2025": Source("MathArena/hmmt_feb_2025", "main", "train", "problem_idx", "problem", "answer"),
+    "hmmt_nov_2025": Source("MathArena/hmmt_nov_2025", "main", "train", "problem_idx", "problem", "answer"),
+}

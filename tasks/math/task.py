@@ -1,0 +1,204 @@
+"""Competition math (AIME 2024/2025, HMMT February/November 2025) scored as pass@1 over k samples.
+
+Per problem: the problem statement followed by the standard instruction of the DeepSeek-R1 and Qwen
+evaluations ("Please reason step by step, and put your final answer within \\boxed{}.") as the single
+user turn of the chat template (``enable_thinking`` passed to templates that take it, for Qwen3);
+``samples`` examples ``<competition>/<problem id>/s<j>`` that differ only in their id, hence in the
+harness's per-example sampling seed; ``correct`` = 1 when the last ``\\boxed{}`` of the answer part
+(after ``</think>`` when the model thinks) is equivalent to the gold answer (``tasks.math.answers``).
+
+pass@1 (KVpop: k=16 samples per problem) is the mean over problems of each problem's mean over its
+samples. When every problem has all k samples, that equals the plain mean of ``correct`` over a
+competition's examples, which is what the harness reports per subtask; ``pass_at_1`` computes the
+two-level mean from records for runs that are still incomplete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from tasks.base import Example, Task, require_int
+from tasks.longbench.hub import load_rows
+from tasks.math.answers import extract_answer, is_equivalent
+from tasks.math.sources import SOURCES, Source
+
+log = logging.getLogger(__name__)
+
+INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+THINK_END = "</think>"
+
+
+def build_prompt(problem: str) -> str:
+    """The user turn: the problem, then the instruction on its own line."""
+    return f"{problem}\n{INSTRUCTION}"
+
+
+def supports_thinking(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template reads an ``enable_thinking`` switch (Qwen3's does)."""
+    return "enable_thinking" in (getattr(tokenizer, "chat_template", None) or "")
+
+
+def encode(tokenizer: Any, prompt: str, thinking: bool | None) -> list[int]:
+    """Prefill ids of ``prompt`` as the user turn of the chat template (raw text without a template)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return list(tokenizer(prompt, verbose=False)["input_ids"])
+    switch = {"enable_thinking": thinking} if thinking is not None and supports_thinking(tokenizer) else {}
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True, **switch
+    )
+    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def pass_at_1(records: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """pass@1 per competition from run records: mean over samples per problem, then over problems."""
+    by_problem: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for record in records:
+        by_problem[record["subtask"]][record["meta"]["problem_id"]].append(float(record["metrics"]["correct"]))
+    return {
+        subtask: fmean(fmean(samples) for samples in problems.values())
+        for subtask, problems in sorted(by_problem.items())
+    }
+
+
+@dataclass
+class MathTask(Task):
+    """Final-answer competition math with k sampled solutions per problem (``task=aime``, ``task=hmmt``).
+
+    Parameters:
+        name: the suite's name in run ids and records (``aime`` or ``hmmt``).
+        competitions: any of ``aime_2024``, ``aime_2025``, ``hmmt_feb_2025``, ``hmmt_nov_2025``; each
+            is one subtask.
+        samples: k, generations per problem (KVpop: 16); sampling needs ``sampling.temperature > 0``.
+        n: first ``n`` problems of each competition (``None``: all).
+        max_new_tokens: generation budget per sample (reasoning models: 32768).
+        thinking: ``enable_thinking`` for chat templates that take it (Qwen3); ``None`` keeps the
+            template's default; ignored, with a warning, by templates without the switch.
+        data_file: local JSON/JSONL file in the selected competition's hub schema, or a folder of
+            ``<competition>.jsonl`` files; replaces the hub.
+        revisions: hub revision per competition, overriding the defaults in ``tasks.math.sources``.
+        sampling_temperature: the run's ``sampling.temperature`` (interpolated by the config), read
+            only to warn that greedy decoding makes the k samples identical.
+    """
+
+    name: str = "aime"
+    competitions: list[str] = field(default_factory=lambda: ["aime_2024", "aime_2025"])
+    samples: int = 16
+    n: int | None = None
+    max_new_tokens: int = 32768
+    thinking: bool | None = None
+    data_file: str | None = None
+    revisions: dict[str, str] = field(default_factory=dict)
+    sampling_temperature: float | None = None
+
+    def __post_init__(self) -> None:
+        # Hydra hands over ListConfig/DictConfig objects; plain containers keep the task picklable.
+        self.competitions = list(self.competitions)
+        self.revisions = dict(self.revisions)
+        for competition in [*self.competitions, *self.revisions]:
+            if competition not in SOURCES:
+                raise ValueError(f"unknown competition {competition!r}; known: {sorted(SOURCES)}")
+        if not self.competitions or len(set(self.competitions)) != len(self.competitions):
+            raise ValueError(f"task.competitions must list competitions once each, got {self.competitions}")
+        require_int("samples", self.samples)
+        require_int("n", self.n, optional=True)
+        require_int("max_new_tokens", self.max_new_tokens)
+        if self.thinking is not None and not isinstance(self.thinking, bool):
+            raise ValueError(f"task.thinking must be null, true or false, got {self.thinking!r}")
+        if self.data_file is not None and not Path(self.data_file).is_dir() and len(self.competitions) > 1:
+            raise ValueError(
+                f"task.data_file={self.data_file} is one file but {len(self.competitions)} competitions are "
+                f"selected: pick one (task.competitions=[{self.competitions[0]}]) or pass a folder holding "
+                f"<competition>.jsonl files"
+            )
+        if self.samples > 1 and self.sampling_temperature == 0:
+            log.warning(
+                "task.samples=%d with greedy decoding gives %d identical samples: use "
+                "sampling.temperature=0.6 sampling.top_p=0.95 (or task.samples=1)",
+                self.samples,
+                self.samples,
+            )
+
+    def source(self, competition: str) -> Source:
+        """The competition's hub source, with its revision override applied."""
+        default = SOURCES[competition]
+        return replace(default, revision=self.revisions.get(competition, default.revision))
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "instruction": INSTRUCTION,
+            "max_new_tokens": self.max_new_tokens,
+            "thinking": self.thinking,
+            "data_file": self.data_file,
+            "sources": {name: f"{self.source(name).hub_id}@{self.source(name).revision}" for name in SOURCES},
+        }
+
+    def how_to_get(self, competition: str) -> str:
+        """What to do when ``competition``'s problems cannot be loaded."""
+        source = self.source(competition)
+        return (
+            f"{competition}: go online once so `datasets` caches the hub copy ({source.hub_id}, revision "
+            f"{source.revision}, split {source.split}), or on a machine with network save it with "
+            f"`python -c \"from datasets import load_dataset; load_dataset('{source.hub_id}', "
+            f"split='{source.split}', revision='{source.revision}').to_json('{competition}.jsonl')\"` and pass "
+            f"task.data_file=<that file> (with task.competitions=[{competition}]) or task.data_file=<folder of "
+            f"<competition>.jsonl files>. Rows need the fields {list(source.schema())}."
+        )
+
+    def local_file(self, competition: str) -> Path | None:
+        """The local file replacing the hub for ``competition``, if any."""
+        if self.data_file is None:
+            return None
+        path = Path(self.data_file)
+        return path / f"{competition}.jsonl" if path.is_dir() else path
+
+    def problems(self, competition: str) -> list[dict[str, Any]]:
+        """The competition's rows in its hub schema, first ``n`` only."""
+        source = self.source(competition)
+        rows = load_rows(
+            hub_id=source.hub_id,
+            revision=source.revision,
+            split=source.split,
+            local_file=self.local_file(competition),
+            how_to_get=self.how_to_get(competition),
+        )
+        missing = sorted({key for row in rows for key in source.schema() if key not in row})
+        if missing:
+            raise ValueError(f"{competition}: rows lack the fields {missing}. {self.how_to_get(competition)}")
+        ids = [str(row[source.id_field]) for row in rows]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{competition}: problem ids in field {source.id_field!r} repeat: {ids}")
+        return rows if self.n is None else rows[: self.n]
+
+    def examples(self, tokenizer: Any) -> list[Example]:
+        if self.thinking is not None and not supports_thinking(tokenizer):
+            log.warning("task.thinking=%s ignored: the chat template has no enable_thinking switch", self.thinking)
+        examples = []
+        for competition in self.competitions:
+            source = self.source(competition)
+            for row in self.problems(competition):
+                problem_id = str(row[source.id_field])
+                ids = encode(tokenizer, build_prompt(row[source.problem_field]), self.thinking)
+                examples.extend(
+                    Example(
+                        example_id=f"{competition}/{problem_id}/s{sample}",
+                        subtask=competition,
+                        input_ids=ids,
+                        answers=[str(row[source.answer_field])],
+                        max_new_tokens=self.max_new_tokens,
+                        meta={"problem_id": problem_id, "sample": sample, "prompt_tokens": len(ids)},
+                    )
+                    for sample in range(self.samples)
+                )
+        return examples
+
+    def score(self, prediction: str, example: Example) -> dict[str, float]:
+        # A thinking model's reasoning may box intermediate results; only the answer after it counts.
+        answer_part = prediction.rsplit(THINK_END, 1)[-1]
+        answer, boxed = extract_answer(answer_part)
+        return {"correct": float(is_equivalent(answer, example.answers[0])), "boxed": float(boxed)}
