@@ -179,12 +179,13 @@ def _same_value(prediction: str, gold: str) -> bool:
             left, right = to_sympy(prediction), to_sympy(gold)
             if left.free_symbols or right.free_symbols:
                 return bool(sympy.simplify(left - right) == 0)
-            difference = complex((left - right).evalf(30))
-            scale = max(1.0, abs(complex(right.evalf(30))))
-            return abs(difference) <= RELATIVE_TOLERANCE * scale
-    # LatexError: not an expression we parse; TypeError/ValueError/OverflowError: sympy values that
-    # are not finite numbers (zoo, nan, too large for complex); _Timeout: the time limit.
-    except (LatexError, TypeError, ValueError, OverflowError, ZeroDivisionError, _Timeout):
+            # sympy Floats, not Python floats: answers like 10^{10^{10}} overflow a float to inf.
+            difference = sympy.Abs((left - right).evalf(30))
+            scale = sympy.Max(1, sympy.Abs(right.evalf(30)))
+            return (difference <= RELATIVE_TOLERANCE * scale) is sympy.true
+    # LatexError: not an expression we parse; TypeError: comparisons with nan or zoo (a division by
+    # zero); _Timeout: the time limit.
+    except (LatexError, TypeError, ZeroDivisionError, _Timeout):
         return False
 
 
