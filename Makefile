@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 DEMO_METHODS ?= full,streaming_llm,tova,h2o,inertia,inertia_lazy,score_free
 
-.PHONY: install demo test test-all lint report bench
+.PHONY: install demo test test-all lint report bench tables
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,3 +38,8 @@ report: install
 
 bench: install
 	$(BIN)/python -m harness.bench
+
+# Paper tables (Markdown + LaTeX) and figures from every record under results/;
+# results/tables/index.md maps each table to the conf/experiment preset that fills it.
+tables: install
+	$(BIN)/python -m harness.tables results

@@ -1,0 +1,305 @@
+"""Rank-trace diagnostics of decode-time eviction (InertiaKV's analysis, Table 13).
+
+``RetentionRecorder`` is an engine ``on_step`` hook. Per decode step it keeps the cached
+positions before eviction, the method's raw per-step score over them (mean over layers and
+heads, tapped from its scorer), the attention of the current query (the reference any scorer
+is compared with), the method's aggregated state (``ScoredEviction.state``, token rows) and
+the positions kept after eviction. The functions below turn those snapshots into per-step
+series and per-example means:
+
+- ``churn``: share of the previous step's retained set evicted at this step;
+- ``churn_raw``: the same for the top-B set by raw score (how unstable raw rankings are);
+- ``jaccard_raw_state``: Jaccard of the top-B by raw score and by aggregated state (raw/EMA);
+- ``raw_top_evicted``: share of this step's raw top-B that the method evicted;
+- ``spearman_vs_attention`` / ``jaccard_vs_attention``: rank correlation and top-B Jaccard of
+  the method's scorer against last-query attention.
+
+Output: one JSON line per example in ``results/<run id>/diagnostics.jsonl`` (identity, the
+means, the series and, for small traces, the retained sets of layer 0 for the figures).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats as scipy_stats
+from torch import Tensor
+
+from harness.records import read_records
+from harness.results import parse_run_id
+from methods.base import EvictionMethod, LayerView
+from methods.scorers.base import Scorer, group_mean
+
+FILENAME = "diagnostics.jsonl"
+
+#: Per-example means written under ``summary`` (and read into ``metric.<name>`` columns).
+SUMMARY: tuple[str, ...] = (
+    "churn",
+    "churn_raw",
+    "jaccard_raw_state",
+    "raw_top_evicted",
+    "spearman_vs_attention",
+    "jaccard_vs_attention",
+)
+
+# Retained sets are written for the figures only while a trace holds at most this many
+# positions in all (steps x budget): beyond that a line would weigh megabytes.
+MAX_KEPT_POSITIONS = 200_000
+
+
+# --------------------------------------------------------------------------- set and rank measures
+def top_b(positions: Sequence[int] | np.ndarray, scores: Sequence[float] | np.ndarray, b: int) -> set[int]:
+    """The ``b`` positions with the highest scores; ties go to the later (more recent) position."""
+    positions = np.asarray(positions)
+    scores = np.asarray(scores, dtype=float)
+    # lexsort sorts by the last key first: score, then position, both descending after reversal.
+    order = np.lexsort((positions, scores))[::-1]
+    return {int(p) for p in positions[order[:b]]}
+
+
+def jaccard(a: set[int], b: set[int]) -> float:
+    """|a ∩ b| / |a ∪ b|; two empty sets are identical (1)."""
+    union = a | b
+    return 1.0 if not union else len(a & b) / len(union)
+
+
+def churn(previous: set[int], current: set[int]) -> float:
+    """Share of ``previous`` no longer in ``current``; NaN without a previous set."""
+    return math.nan if not previous else len(previous - current) / len(previous)
+
+
+def evicted_share(top: set[int], kept: set[int]) -> float:
+    """Share of ``top`` that is not in ``kept``."""
+    return math.nan if not top else len(top - kept) / len(top)
+
+
+def spearman(x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray) -> float:
+    """Spearman rank correlation (average ranks for ties); NaN when either side is constant."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan
+    return float(scipy_stats.spearmanr(x, y).statistic)
+
+
+@dataclass
+class StepSnapshot:
+    """One decode step as the recorder saw it.
+
+    Parameters:
+        step: decode step (1-based).
+        positions: cached positions before eviction (layer 0, first KV head).
+        kept: positions cached after eviction.
+        raw: the scorer's score this step at ``positions`` (None on steps without observation).
+        attention: last-query attention at ``positions`` (None when the engine computed none).
+        state: the method's aggregated state at ``positions`` (None for methods without one).
+    """
+
+    step: int
+    positions: np.ndarray
+    kept: np.ndarray
+    raw: np.ndarray | None = None
+    attention: np.ndarray | None = None
+    state: np.ndarray | None = None
+
+
+def trace_series(steps: Sequence[StepSnapshot], budget: int) -> dict[str, list[float]]:
+    """Per-step values of every ``SUMMARY`` measure (NaN where a step lacks the inputs)."""
+    series: dict[str, list[float]] = {name: [] for name in SUMMARY}
+    previous_kept: set[int] = set()
+    previous_raw_top: set[int] = set()
+    for snap in steps:
+        kept = {int(p) for p in snap.kept}
+        series["churn"].append(churn(previous_kept, kept))
+        previous_kept = kept
+        raw_top = top_b(snap.positions, snap.raw, budget) if snap.raw is not None else set()
+        values = {
+            "churn_raw": churn(previous_raw_top, raw_top) if raw_top else math.nan,
+            "jaccard_raw_state": math.nan,
+            "raw_top_evicted": evicted_share(raw_top, kept) if raw_top else math.nan,
+            "spearman_vs_attention": math.nan,
+            "jaccard_vs_attention": math.nan,
+        }
+        if raw_top:
+            previous_raw_top = raw_top
+            if snap.state is not None:
+                values["jaccard_raw_state"] = jaccard(raw_top, top_b(snap.positions, snap.state, budget))
+            if snap.attention is not None:
+                values["spearman_vs_attention"] = spearman(snap.raw, snap.attention)
+                values["jaccard_vs_attention"] = jaccard(raw_top, top_b(snap.positions, snap.attention, budget))
+        for name, value in values.items():
+            series[name].append(value)
+    return series
+
+
+def summarize_series(series: dict[str, list[float]]) -> dict[str, float | None]:
+    """Mean of each series over the steps where it is defined (None where it never is)."""
+    out: dict[str, float | None] = {}
+    for name, values in series.items():
+        finite = [v for v in values if not math.isnan(v)]
+        out[name] = float(np.mean(finite)) if finite else None
+    return out
+
+
+# --------------------------------------------------------------------------- recording
+class _Tap(Scorer):
+    """Wraps a method's scorer: returns its scores unchanged and hands them to the recorder.
+
+    It also asks for the attention weights, so a scorer that does not read them (KeyDiff,
+    key-norm) can still be compared with attention; that costs the weights' materialisation
+    on observed steps, which is why diagnostics are a separate switch.
+    """
+
+    needs_attention = True  # type: ignore[misc]
+
+    def __init__(self, inner: Scorer, recorder: RetentionRecorder) -> None:
+        self.inner = inner
+        self.recorder = recorder
+
+    def begin(self, info: Any) -> None:
+        self.inner.begin(info)
+
+    def score(self, view: LayerView) -> Tensor:
+        scores = self.inner.score(view)
+        self.recorder._observe(view, scores)
+        return scores
+
+
+@dataclass
+class RetentionRecorder:
+    """Engine ``on_step`` hook recording per-step retained sets, raw scores and method state.
+
+    Use ``RetentionRecorder.attach(engine)``: it taps the method's scorer (if it has one) and
+    installs itself as ``engine.on_step``. After each ``engine.generate``, ``finish(example_id,
+    subtask)`` returns that sequence's diagnostics line and clears the snapshots; step 0 (the
+    prefill) also clears them, so every sequence starts fresh.
+    """
+
+    method: EvictionMethod
+    steps: list[StepSnapshot] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._raw: dict[int, list[float]] = {}
+        self._attention: dict[int, list[float]] = {}
+        scorer = getattr(self.method, "scorer", None)
+        if isinstance(scorer, Scorer) and not isinstance(scorer, _Tap):
+            self.method.scorer = _Tap(scorer, self)
+
+    @classmethod
+    def attach(cls, engine: Any) -> RetentionRecorder:
+        """A recorder for ``engine.method``, installed as ``engine.on_step``."""
+        recorder = cls(engine.method)
+        engine.on_step = recorder
+        return recorder
+
+    def _observe(self, view: LayerView, scores: Tensor) -> None:
+        # One step's raw score: the mean over layers of the head-mean, per absolute position.
+        positions = view.positions[0].tolist()
+        self._add(self._raw, positions, scores.float().mean(dim=0).tolist())
+        if view.weights is not None:
+            self._add(self._attention, positions, group_mean(view).mean(dim=0).tolist())
+
+    @staticmethod
+    def _add(bucket: dict[int, list[float]], positions: list[int], values: list[float]) -> None:
+        for position, value in zip(positions, values, strict=True):
+            bucket.setdefault(position, []).append(value)
+
+    def _state(self, positions: np.ndarray) -> np.ndarray | None:
+        state = getattr(self.method, "state", None)
+        if not isinstance(state, Tensor):
+            return None
+        # Token granularity: one row shared by all layers; otherwise layer 0's first row.
+        return state[0, 0, torch.as_tensor(positions, dtype=torch.long)].float().cpu().numpy()
+
+    def __call__(self, step: int, context: Any, cache: object) -> None:
+        if step == 0:
+            self.steps.clear()
+            self._raw.clear()
+            self._attention.clear()
+            return
+        kept = context.positions[0][0].cpu().numpy()
+        raw, attention = self._raw, self._attention
+        self._raw, self._attention = {}, {}
+        if raw:
+            positions = np.array(sorted(raw))
+            raw_values = np.array([np.mean(raw[p]) for p in positions])
+            attention_values = np.array([np.mean(attention[p]) for p in positions]) if attention else None
+        else:
+            # A step without observation (Lazy-r, Score-Free): the cache before eviction is the
+            # kept set of the last step plus the newest token.
+            newest = self.method.info.prefill_len + step - 1
+            previous = self.steps[-1].kept if self.steps else kept
+            positions = np.union1d(previous, [newest])
+            raw_values = attention_values = None
+        self.steps.append(StepSnapshot(step, positions, kept, raw_values, attention_values, self._state(positions)))
+
+    def finish(self, example_id: str, subtask: str | None = None) -> dict[str, Any]:
+        """This sequence's diagnostics line; the snapshots are cleared."""
+        budget = self.method.budget()
+        steps, self.steps = self.steps, []
+        line: dict[str, Any] = {"example_id": example_id, "subtask": subtask, "budget": budget, "steps": len(steps)}
+        if budget is None:
+            line["summary"] = {name: None for name in SUMMARY}
+            return line
+        series = trace_series(steps, budget)
+        line["summary"] = summarize_series(series)
+        line["series"] = {name: [None if math.isnan(v) else round(v, 5) for v in vs] for name, vs in series.items()}
+        if sum(len(s.kept) for s in steps) <= MAX_KEPT_POSITIONS:
+            line["kept"] = [s.kept.tolist() for s in steps]
+            line["raw_top"] = [sorted(top_b(s.positions, s.raw, budget)) if s.raw is not None else None for s in steps]
+        return line
+
+    def write(self, folder: Path | str, example_id: str, subtask: str | None = None) -> None:
+        """Append ``finish(example_id, subtask)`` to ``<folder>/diagnostics.jsonl`` in one write."""
+        path = Path(folder) / FILENAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            handle.write(json.dumps(self.finish(example_id, subtask)) + "\n")
+
+
+# --------------------------------------------------------------------------- reading
+def read_diagnostics(folder: Path | str) -> list[dict[str, Any]]:
+    """The lines of ``<folder>/diagnostics.jsonl``, the last line per example winning (a rerun of
+    an example whose record was never written appends a second line)."""
+    path = Path(folder) / FILENAME
+    if not path.is_file():
+        return []
+    lines = {line["example_id"]: line for line in read_records(path)}
+    return list(lines.values())
+
+
+def load_diagnostics(root: Path | str = "results") -> pd.DataFrame:
+    """One row per example of every ``<root>/<run id>/diagnostics.jsonl``, with the results table's
+    identity columns and ``metric.<name>`` for every ``SUMMARY`` measure."""
+    rows = []
+    for path in sorted(Path(root).glob(f"*/{FILENAME}")) if Path(root).exists() else []:
+        identity = parse_run_id(path.parent.name)
+        for line in read_diagnostics(path.parent):
+            rows.append(
+                {
+                    **identity,
+                    "rho": float(identity["rho"]),
+                    "seed": int(identity["seed"]),
+                    "run_id": path.parent.name,
+                    "example_id": line["example_id"],
+                    "subtask": line.get("subtask"),
+                    **{f"metric.{k}": v for k, v in (line.get("summary") or {}).items()},
+                }
+            )
+    columns = ["model", "method", "method_params", "task", "task_params", "rho", "seed", "run_id", "example_id"]
+    frame = pd.DataFrame(rows, columns=[*columns, "subtask", *(f"metric.{k}" for k in SUMMARY)])
+    for name in SUMMARY:
+        frame[f"metric.{name}"] = pd.to_numeric(frame[f"metric.{name}"], errors="coerce")
+    return frame
+
+
+def kept_rasters(folder: Path | str, limit: int = 1) -> Iterable[dict[str, Any]]:
+    """The first ``limit`` diagnostics lines of a run that carry retained sets (for the panels)."""
+    return [line for line in read_diagnostics(folder) if line.get("kept")][:limit]

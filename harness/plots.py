@@ -1,0 +1,262 @@
+"""The papers' figures from the records on disk (``results/figures/``, matplotlib Agg).
+
+Each figure is drawn only when its data exists; ``make_figures`` logs which were made and
+why the others were not. Methods are the variants of ``harness.tables`` (a name plus the
+parameters that differ from its named config), labelled as the papers name them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from harness.diagnostics import kept_rasters  # noqa: E402
+from harness.records import read_records  # noqa: E402
+from harness.results import load_configs, load_results  # noqa: E402
+from harness.tables import annotate, benchmark_mean, display  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+Figure = Callable[[pd.DataFrame, Path, Path], list[Path]]
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def _defaults_only(frame: pd.DataFrame) -> pd.DataFrame:
+    # Lines compare named methods; parameter sweeps have their own figures. The full cache
+    # does not depend on rho: its runs at any rho are one method.
+    frame = frame[frame["variant"] == frame["method"]]
+    return frame.assign(rho=frame["rho"].where(frame["variant"] != "full", 0.0))
+
+
+def quality_vs_budget(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
+    """Per model and task: benchmark mean vs rho, one line per method, full cache dashed."""
+    made = []
+    frame = _defaults_only(frame[frame["task"] != "dialogs"])
+    for (model, task), part in frame.groupby(["model", "task"]):
+        evicting = part[part["variant"] != "full"]
+        if evicting["rho"].nunique() < 2:
+            continue
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        for name, rows in evicting.groupby("variant"):
+            curve = sorted((rho, benchmark_mean(r, "score")) for rho, r in rows.groupby("rho"))
+            ax.plot([100 * r for r, _ in curve], [v for _, v in curve], marker="o", label=display(name))
+        full = part[part["variant"] == "full"]
+        if not full.empty:
+            ax.axhline(benchmark_mean(full, "score"), color="black", linestyle="--", linewidth=1, label="Full cache")
+        ax.set(xlabel="evicted share of the prompt cache ρ (%)", ylabel=part["primary_metric"].iloc[0])
+        ax.set_title(f"{task}: quality vs budget ({model})", fontsize=10)
+        ax.legend(fontsize=8)
+        made.append(_save(fig, out / f"quality_vs_budget_{task}_{model}.png"))
+    return made
+
+
+def needle_heatmap(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
+    """Needle grid: context length x depth, mean score, one panel per method and ratio."""
+    needle = frame[frame["task"] == "needle"]
+    if needle.empty or "meta.depth" not in needle.columns:
+        return []
+    made = []
+    for (model, name, rho), part in needle.groupby(["model", "variant", "rho"]):
+        grid = part.pivot_table(index="meta.depth", columns="meta.length", values="score", aggfunc="mean")
+        fig, ax = plt.subplots(figsize=(1.2 + 0.6 * grid.shape[1], 1.2 + 0.35 * grid.shape[0]))
+        top = 100 if grid.max().max() > 1 else 1
+        image = ax.imshow(grid.to_numpy(), cmap="RdYlGn", vmin=0, vmax=top, aspect="auto")
+        ax.set_xticks(range(grid.shape[1]), [f"{int(c) // 1000}k" if c >= 1000 else str(c) for c in grid.columns])
+        ax.set_yticks(range(grid.shape[0]), [f"{d:g}%" for d in grid.index])
+        ax.set(xlabel="context length (tokens)", ylabel="needle depth")
+        ax.set_title(f"{display(name)}, ρ={rho:g} ({model})", fontsize=10)
+        fig.colorbar(image, ax=ax, label=part["primary_metric"].iloc[0])
+        made.append(_save(fig, out / f"needle_{model}_{name}_rho{rho:g}.png"))
+    return made
+
+
+def alpha_sensitivity(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
+    """InertiaKV's EMA alpha vs score normalised to alpha=0.8, one line per (task, rho)."""
+    column = "p.aggregator.alpha"
+    if column not in frame.columns:
+        return []
+    # Only the alpha sweep: InertiaKV variants that differ from the named config in alpha alone.
+    alpha_only = frame["variant"].str.match(r"^inertia(\[aggregator\.alpha=[^,]*\])?$")
+    sweep = frame[(frame["method"] == "inertia") & alpha_only]
+    made = []
+    for model, part in sweep.groupby("model"):
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        drawn = False
+        for (task, rho), rows in part.groupby(["task", "rho"]):
+            means = {alpha: benchmark_mean(r, "score") for alpha, r in rows.groupby(column)}
+            if len(means) < 2 or not means.get(0.8):
+                continue
+            alphas = sorted(means)
+            ax.plot(alphas, [means[a] / means[0.8] for a in alphas], marker="o", label=f"{task}, ρ={rho:g}")
+            drawn = True
+        if not drawn:
+            plt.close(fig)
+            continue
+        ax.axvline(0.8, color="grey", linestyle=":", linewidth=1)
+        ax.set(xlabel="EMA α (0 = single-step)", ylabel="score / score at α=0.8")
+        ax.set_title(f"α sensitivity ({model})", fontsize=10)
+        ax.legend(fontsize=8)
+        made.append(_save(fig, out / f"alpha_sensitivity_{model}.png"))
+    return made
+
+
+def throughput(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
+    """Decode tokens/s vs prompt length per method (points and the mean per length bin)."""
+    rows = _defaults_only(frame[(frame["task"] != "dialogs") & frame["decode_tokens_per_s"].gt(0)])
+    made = []
+    for model, part in rows.groupby("model"):
+        if part["prefill_len"].nunique() < 2:
+            continue
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        # Prompts of one nominal length differ by a few tokens: average within log-spaced bins.
+        bins = np.unique(np.geomspace(part["prefill_len"].min(), part["prefill_len"].max() + 1, 8).round())
+        for (name, rho), r in part.groupby(["variant", "rho"]):
+            binned = r.groupby(pd.cut(r["prefill_len"], bins, include_lowest=True), observed=True)
+            label = display(name) if name == "full" else f"{display(name)} ρ={rho:g}"
+            ax.plot(binned["prefill_len"].mean(), binned["decode_tokens_per_s"].mean(), marker="o", label=label,
+                    linestyle="--" if name == "full" else "-")  # fmt: skip
+        ax.set(xscale="log", xlabel="prompt length L0 (tokens)", ylabel="decode tokens / s")
+        ax.set_title(f"decode throughput vs context ({model})", fontsize=10)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        made.append(_save(fig, out / f"throughput_{model}.png"))
+    return made
+
+
+def decode_composition(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
+    """Mean decode time per example split into scoring, eviction (gather) and the rest."""
+    rows = _defaults_only(frame[(frame["task"] != "dialogs") & frame["decode_s"].gt(0)])
+    made = []
+    for (model, task), part in rows.groupby(["model", "task"]):
+        parts = part.assign(rest=part["decode_s"] - part["score_s"] - part["evict_s"])
+        means = parts.groupby(["variant", "rho"])[["score_s", "evict_s", "rest"]].mean()
+        if means.empty:
+            continue
+        labels = [display(v) if v == "full" else f"{display(v)} ρ={r:g}" for v, r in means.index]
+        fig, ax = plt.subplots(figsize=(6, 0.9 + 0.35 * len(means)))
+        left = np.zeros(len(means))
+        for column, name, color in (("score_s", "scoring", "tab:red"), ("evict_s", "eviction", "tab:orange"),
+                                    ("rest", "model forward and rest", "tab:blue")):  # fmt: skip
+            ax.barh(labels, means[column], left=left, label=name, color=color)
+            left += means[column].to_numpy()
+        ax.set(xlabel="decode time per example (s)")
+        ax.set_title(f"decode-time composition: {task} ({model})", fontsize=10)
+        ax.legend(fontsize=8, loc="lower right")
+        made.append(_save(fig, out / f"decode_composition_{task}_{model}.png"))
+    return made
+
+
+def retention_panels(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
+    """Retained positions per decode step (layer 0) for the first traced example of each run."""
+    traces = [(folder.name, line) for folder in sorted(root.glob("*/")) for line in kept_rasters(folder)]
+    if not traces:
+        return []
+    traces = traces[:6]
+    fig, axes = plt.subplots(1, len(traces), figsize=(3.2 * len(traces), 3.4), squeeze=False, sharey=True)
+    for ax, (run, line) in zip(axes[0], traces, strict=True):
+        for step, kept in enumerate(line["kept"], start=1):
+            ax.scatter(kept, [step] * len(kept), s=1, color="tab:blue", marker="s")
+            top = (line.get("raw_top") or [None] * len(line["kept"]))[step - 1]
+            if top:
+                evicted = sorted(set(top) - set(kept))
+                ax.scatter(evicted, [step] * len(evicted), s=6, color="tab:red", marker="x")
+        method = run.split("__")[1].rsplit("-", 1)[0]
+        ax.set_title(f"{display(method)}\n{line['example_id']}", fontsize=8)
+        ax.set_xlabel("position")
+    axes[0][0].set_ylabel("decode step (blue: kept, red x: raw top-B evicted)", fontsize=8)
+    axes[0][0].invert_yaxis()
+    return [_save(fig, out / "retention_panels.png")]
+
+
+def dialog_turns(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
+    """Dialog world: mean alignment and retention per turn, per scenario, one line per method."""
+    runs = frame.loc[frame["task"] == "dialogs"].drop_duplicates("run_id")
+    runs = runs[runs["variant"] == runs["method"]]
+    if runs.empty:
+        return []
+    turns: list[dict] = []
+    for run_id, name in runs[["run_id", "variant"]].itertuples(index=False):
+        for record in read_records(root / run_id / "records.jsonl"):
+            series = (record.get("meta") or {}).get("turns") or {}
+            for metric in ("alignment", "retention"):
+                for turn, value in enumerate(series.get(metric, []), start=1):
+                    turns.append({"variant": name, "scenario": record["subtask"], "metric": metric, "turn": turn,
+                                  "value": value})  # fmt: skip
+    if not turns:
+        return []
+    data = pd.DataFrame(turns)
+    scenarios = sorted(data["scenario"].unique())
+    fig, axes = plt.subplots(2, len(scenarios), figsize=(3.2 * len(scenarios), 5.5), squeeze=False, sharey="row")
+    for row, metric in enumerate(("alignment", "retention")):
+        for col, scenario in enumerate(scenarios):
+            ax = axes[row][col]
+            part = data[(data["metric"] == metric) & (data["scenario"] == scenario)]
+            for name, r in part.groupby("variant"):
+                curve = r.groupby("turn")["value"].mean()
+                ax.plot(curve.index, curve.to_numpy(), label=display(name), linewidth=1.2)
+            ax.set_title(scenario if row == 0 else "", fontsize=9)
+            ax.set_xlabel("turn" if row == 1 else "")
+        axes[row][0].set_ylabel(metric)
+    axes[0][-1].legend(fontsize=7)
+    return [_save(fig, out / "dialog_turns.png")]
+
+
+def kvpop_retention_maps(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
+    """KVpop's per-layer x per-head top-k recall vs the teacher, when records carry it."""
+    columns = [c for c in frame.columns if c.startswith("meta.recall")]
+    if not columns:
+        return []
+    made = []
+    for (model, name), part in frame[frame[columns[0]].notna()].groupby(["model", "variant"]):
+        # meta.recall_l<layer>_h<head>: scalar meta fields, as harness.results keeps them.
+        cells = {tuple(int(x[1:]) for x in c.split("_")[1:3]): part[c].mean() for c in columns}
+        layers, heads = max(k[0] for k in cells) + 1, max(k[1] for k in cells) + 1
+        grid = np.full((layers, heads), np.nan)
+        for (layer, head), value in cells.items():
+            grid[layer, head] = value
+        fig, ax = plt.subplots(figsize=(1.5 + 0.3 * heads, 1.5 + 0.2 * layers))
+        image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        ax.set(xlabel="KV head", ylabel="layer", title=f"{display(name)} top-k recall ({model})")
+        fig.colorbar(image, ax=ax)
+        made.append(_save(fig, out / f"kvpop_retention_{model}_{name}.png"))
+    return made
+
+
+FIGURES: dict[str, Figure] = {
+    "quality vs budget": quality_vs_budget,
+    "needle heatmap": needle_heatmap,
+    "alpha sensitivity": alpha_sensitivity,
+    "decode throughput": throughput,
+    "decode-time composition": decode_composition,
+    "retention panels": retention_panels,
+    "dialog per-turn alignment/retention": dialog_turns,
+    "KVpop retention maps": kvpop_retention_maps,
+}
+
+
+def make_figures(root: Path | str = "results", out: Path | str | None = None) -> list[Path]:
+    """Every figure the records under ``root`` support, into ``out`` (``<root>/figures``)."""
+    root = Path(root)
+    out = Path(out) if out is not None else root / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    frame = annotate(load_results(root), load_configs(root))
+    made: list[Path] = []
+    for name, figure in FIGURES.items():
+        files = figure(frame, root, out) if not frame.empty or name == "retention panels" else []
+        log.info("figure %s: %s", name, ", ".join(p.name for p in files) if files else "not made (no data)")
+        made += files
+    return made
