@@ -1,0 +1,65 @@
+"""Training text for KVpop: the bundled public-domain corpus, a local file, or a hub dataset.
+
+The paper trains on math reasoning traces from the hub; on CPU a small scorer trains on the
+bundled text (``tasks/corpora``) or any local file. Windows never cross a document boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.corpora import load_rows, read_text
+
+
+def documents(data_file: str | None, hub: dict[str, Any] | None) -> list[str]:
+    """The training documents: rows of ``hub`` (``path, name, split, revision, column, data_files``),
+    else the text of ``data_file``, else the bundled corpus."""
+    if hub is None:
+        return [read_text(data_file, "kvpop.data.file")]
+    if data_file is not None:
+        raise ValueError("set kvpop.data.file or kvpop.data.hub, not both")
+    fields = dict(hub)
+    if fields.get("revision") is None and fields.get("data_files") is None:
+        raise ValueError(f"kvpop.data.hub={fields} needs a pinned revision (a commit or tag of {fields.get('path')})")
+    column = fields.pop("column", "text")
+    rows = load_rows(
+        fields["path"],
+        fields.get("name"),
+        fields.get("split", "train"),
+        fields.get("revision"),
+        fields.get("data_files"),
+        "kvpop.data.hub.data_files",
+    )
+    if column not in rows.column_names:
+        raise ValueError(f"{fields['path']}: no column {column!r} (columns: {rows.column_names})")
+    return [text for text in rows[column] if isinstance(text, str) and text.strip()]
+
+
+def bos_prefix(tokenizer: Any) -> list[int]:
+    """``[bos]`` when the tokenizer opens every sequence with it (as ``task=ppl`` does), else ``[]``."""
+    probe = tokenizer("a")["input_ids"]
+    return [probe[0]] if tokenizer.bos_token_id is not None and probe[0] == tokenizer.bos_token_id else []
+
+
+def token_windows(tokenizer: Any, texts: list[str], length: int, count: int, skip: int) -> list[list[int]]:
+    """``count`` disjoint windows of ``length`` tokens, after skipping the first ``skip`` windows.
+
+    ``skip`` keeps training away from the start of the bundled text, where ``task=ppl`` takes its
+    windows, and lets evaluation take held-out windows further on.
+    """
+    bos = bos_prefix(tokenizer)
+    body = length - len(bos)
+    out: list[list[int]] = []
+    index = 0
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+        for start in range(0, len(ids) - body + 1, body):
+            if index >= skip:
+                out.append(bos + ids[start : start + body])
+                if len(out) == count:
+                    return out
+            index += 1
+    raise ValueError(
+        f"the training text yields {max(index - skip, 0)} windows of {length} tokens after skipping {skip}, "
+        f"fewer than the {count} asked for: lower the count, the skip or the window length, or add text"
+    )

@@ -1,0 +1,92 @@
+"""KVpop scorer checkpoints: safetensors weights plus the model and training config in the metadata.
+
+The metadata (``kvpop`` key, JSON) is the single source of truth for what the scorer serves:
+the model name and attention geometry it was trained on, the scorer's hyper-parameters and
+the policy it was trained for (sinks ``s``, window ``w``, ``k``, bucket ``n``). A JSON copy is
+written next to the weights for people.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from methods.kvpop.scorers import KVpopScorer, build_scorer
+
+METADATA_KEY = "kvpop"
+RETRAIN = ": train a scorer for that model with `python -m harness.train_kvpop model=<model>`"
+
+
+@dataclass
+class CheckpointInfo:
+    """What a checkpoint was made for.
+
+    Parameters:
+        model: model name (``conf/model`` name, e.g. ``smollm2_135m``).
+        layers, kv_heads, head_dim: its attention geometry.
+        scorer: scorer hyper-parameters (``kind`` plus the constructor arguments).
+        policy: ``s``, ``w``, ``k``, ``n`` the scorer was trained for.
+        train: the training config, for provenance.
+    """
+
+    model: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    scorer: dict[str, Any]
+    policy: dict[str, int]
+    train: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"{self.model} ({self.layers} layers, {self.kv_heads} KV heads, head_dim {self.head_dim})"
+
+    def check_model(self, model: str) -> None:
+        """Refuse a model other than the one the scorer was trained on, naming both."""
+        if model != self.model:
+            raise ValueError(
+                f"the KVpop checkpoint was trained for {self.describe()} but is used with {model}{RETRAIN}"
+            )
+
+    def check_geometry(self, layers: int, kv_heads: int, head_dim: int | None = None) -> None:
+        """Refuse an attention geometry other than the checkpoint's (``head_dim`` None: not known yet)."""
+        if (layers, kv_heads) != (self.layers, self.kv_heads) or head_dim not in (None, self.head_dim):
+            dim = "" if head_dim is None else f", head_dim {head_dim}"
+            raise ValueError(
+                f"the KVpop checkpoint was trained for {self.describe()} but is used with a model of "
+                f"{layers} layers, {kv_heads} KV heads{dim}{RETRAIN}"
+            )
+
+
+def save_checkpoint(scorer: KVpopScorer, path: str | Path, info: CheckpointInfo) -> Path:
+    """Write ``path`` (safetensors) and ``path`` with ``.json`` (the same metadata, readable)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = json.dumps(info.__dict__, sort_keys=True, default=str)
+    tensors = {name: value.detach().contiguous().cpu() for name, value in scorer.state_dict().items()}
+    save_file(tensors, str(path), metadata={METADATA_KEY: meta})
+    path.with_suffix(".json").write_text(json.dumps(info.__dict__, indent=2, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def load_checkpoint(path: str | Path) -> tuple[KVpopScorer, CheckpointInfo]:
+    """The scorer stored at ``path`` (eval mode, CPU) and what it was made for."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"KVpop checkpoint {str(path)!r} does not exist: train one with "
+            "`python -m harness.train_kvpop model=<model>` and pass method.checkpoint=<path>.safetensors"
+        )
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    if METADATA_KEY not in metadata:
+        raise ValueError(f"{path} is a safetensors file without KVpop metadata: not a KVpop checkpoint")
+    info = CheckpointInfo(**json.loads(metadata[METADATA_KEY]))
+    hyper = dict(info.scorer)
+    scorer = build_scorer(hyper.pop("kind"), info.layers, info.kv_heads, info.head_dim, **hyper)
+    scorer.load_state_dict(load_file(str(path)))
+    return scorer.eval(), info

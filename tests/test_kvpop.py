@@ -1,0 +1,209 @@
+"""KVpop: future-attention target, static priority, boundary loss, mLSTM readout, engine budget, checkpoints."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import model_spec
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from harness import kv_cache
+from harness.config import compose_config
+from harness.engine import Engine
+from harness.kvpop.loss import boundary_loss, sample_queries
+from harness.kvpop.target import future_attention_target
+from methods.base import SequenceInfo
+from methods.kvpop import CheckpointInfo, KVpop, build_scorer, effective_score, save_checkpoint, static_base
+from methods.kvpop.policy import static_priority
+from methods.selection import Selection
+
+GEOMETRY = {"layers": 3, "kv_heads": 2, "head_dim": 16}  # the tiny test models
+
+
+def random_qk(length: int, heads: int = 4, kv_heads: int = 2, dim: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(length)
+    queries = torch.randn(heads, length, dim, generator=generator, dtype=torch.float64) * 2
+    keys = torch.randn(kv_heads, length, dim, generator=generator, dtype=torch.float64) * 2
+    return queries, keys
+
+
+@pytest.mark.parametrize("method", ["chunked", "flex"])
+def test_future_attention_target_matches_dense(method):
+    queries, keys = random_qk(77)
+    dense, valid = future_attention_target(queries, keys, 0.25, window=5, method="dense")
+    if method == "flex":
+        pytest.importorskip("torch.nn.attention.flex_attention")
+        queries, keys = queries.float(), keys.float()
+    got, got_valid = future_attention_target(queries, keys, 0.25, window=5, method=method, block=16)
+    assert torch.equal(valid, got_valid) and valid.sum() == 77 - 5
+    assert torch.allclose(got.double(), dense, atol=1e-4 if method == "flex" else 1e-9)
+
+
+def test_dense_target_is_the_definition():
+    queries, keys = random_qk(12, heads=2, kv_heads=1)
+    target, _ = future_attention_target(queries, keys, 0.5, window=3, eps=1e-6, method="dense")
+    logits = (queries @ keys[0].T) * 0.5
+    attention = logits.masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1), -torch.inf).softmax(-1)
+    t = 4  # queries d = 7..11 see token 4 after it left a window of 3
+    mass = attention[:, 7:, t].sum(-1).max()
+    assert target[0, t].item() == pytest.approx(math.log(1e-6 + mass.item() / 5))
+
+
+@pytest.mark.parametrize("bucket", [1, 3])
+def test_static_priority_keeps_the_same_set_as_the_dynamic_form(bucket):
+    generator = torch.Generator().manual_seed(bucket)
+    heads, length, sinks, window, budget = 3, 120, 2, 6, 20
+    scores = torch.randn(heads, length, generator=generator, dtype=torch.float64)
+    log_gamma = torch.tensor([[-0.2], [-0.05], [0.0]], dtype=torch.float64)
+    selection = Selection(budget_tokens=budget, sinks=sinks, window=window, granularity="head")
+    base = static_base(scores, torch.arange(length), log_gamma, bucket)
+    dynamic = static = torch.arange(budget).expand(heads, -1)
+    for query in range(budget, length):
+        new = torch.full((heads, 1), query)
+        dynamic, static = torch.cat([dynamic, new], 1), torch.cat([static, new], 1)
+        ranked = effective_score(scores.gather(1, dynamic), dynamic, query, log_gamma, bucket)
+        dynamic = dynamic.gather(1, selection.select(ranked, dynamic, query + 1, budget))
+        ranked = static_priority(base.gather(1, static), static, query, log_gamma, bucket)
+        static = static.gather(1, selection.select(ranked, static, query + 1, budget))
+        assert torch.equal(dynamic, static), query
+
+
+def test_boundary_loss_hand_computed():
+    # k = 2: teacher keeps {0, 1}; cutoffs: last kept = 1 (e=3), first dropped = 2 (e=1).
+    teacher = torch.tensor([[4.0, 3.0, 1.0, 0.0, 9.0]])
+    student = torch.tensor([[1.0, 2.0, 0.5, 3.0, -5.0]])
+    mask = torch.tensor([[True, True, True, True, False]])  # the last token is no candidate
+
+    def softplus(x: float) -> float:
+        return math.log1p(math.exp(x))
+
+    tau, margin = 0.5, 2.0
+    w = [1 - math.exp(-3 / margin), 1 - math.exp(-2 / margin), 1 - math.exp(-2 / margin), 1 - math.exp(-3 / margin)]
+    keep = (w[0] * softplus(-(1.0 - 0.5) / tau) + w[1] * softplus(-(2.0 - 0.5) / tau)) / (w[0] + w[1])
+    drop = (w[2] * softplus(-(2.0 - 0.5) / tau) + w[3] * softplus(-(2.0 - 3.0) / tau)) / (w[2] + w[3])
+    loss = boundary_loss(student, teacher, mask, k=2, temperature=tau, margin=margin)
+    assert loss.item() == pytest.approx(0.5 * (keep + drop), rel=1e-6)
+    assert loss.item() == pytest.approx(0.69452, abs=1e-4)
+    unweighted = 0.25 * (softplus(-1) + softplus(-3) + softplus(-3) + softplus(2))
+    assert boundary_loss(student, teacher, mask, 2, tau, None).item() == pytest.approx(unweighted, rel=1e-6)
+    # a row with no more candidates than k teaches nothing
+    assert boundary_loss(student, teacher, mask, k=4).item() == 0.0
+
+
+def test_query_sampling_stays_after_saturation():
+    queries = sample_queries(200, 150, 500, 0.5, torch.Generator().manual_seed(0))
+    assert queries.min() >= 150 and queries.max() <= 199
+    late = sample_queries(200, 0, 4000, 1.0, torch.Generator().manual_seed(0)).float().mean()
+    assert late > 120  # the late-biased density 2x/200 has mean 133
+
+
+@pytest.mark.parametrize("delay", [0, 5])
+def test_mlstm_incremental_readout_matches_the_sequence_form(delay):
+    torch.manual_seed(0)
+    scorer = build_scorer("mlstm", 1, 2, 8, gamma_min=0.9, gamma_max=1.0, cell_dim=4, delay=delay, chunk=7)
+    keys, values = torch.randn(2, 40, 8), torch.randn(2, 40, 8)
+    with torch.no_grad():
+        whole = scorer(keys, values, 0)
+        one_chunk = build_scorer("mlstm", 1, 2, 8, gamma_min=0.9, gamma_max=1.0, cell_dim=4, delay=delay, chunk=64)
+        one_chunk.load_state_dict(scorer.state_dict())
+        assert torch.allclose(one_chunk(keys, values, 0), whole, atol=1e-5)
+        readouts, state, pending = scorer.step(keys[:, :13], values[:, :13], 0, None, None)
+        parts = [readouts]
+        for t in range(13, 40):
+            readout, state, pending = scorer.step(keys[:, t : t + 1], values[:, t : t + 1], 0, state, pending)
+            parts.append(readout)
+    incremental = torch.cat(parts, 1)[:, delay:]
+    assert torch.allclose(incremental, whole[:, : 40 - delay], atol=1e-5)
+
+
+def tiny_checkpoint(path, kind: str = "mlstm", model: str = "tiny_llama", layers: int = 3) -> str:
+    torch.manual_seed(1)
+    hyper = {"cell_dim": 4, "delay": 8} if kind == "mlstm" else {"hidden": 8}
+    scorer = build_scorer(kind, layers, 2, 16, gamma_min=0.999, gamma_max=1.0, **hyper)
+    info = CheckpointInfo(model, layers, 2, 16, scorer.hyperparameters(), {"s": 2, "w": 8, "k": 30, "n": 1})
+    return str(save_checkpoint(scorer, path / f"{kind}.safetensors", info))
+
+
+def kvpop_method(checkpoint: str, model: str, *overrides: str, method: str = "kvpop") -> KVpop:
+    cfg = compose_config(f"method={method}", f"model={model}", f"method.checkpoint={checkpoint}", *overrides)
+    return instantiate(cfg.method)
+
+
+@pytest.mark.parametrize("kind", ["mlstm", "mlp"])
+def test_per_head_budget_after_every_step_through_the_engine(tiny_models, tmp_path, kind):
+    method = kvpop_method(
+        tiny_checkpoint(tmp_path, kind), "tiny_llama", "rho=0.5", method=f"kvpop{'_mlp' * (kind == 'mlp')}"
+    )
+    steps = []
+    engine = Engine(
+        tiny_models["tiny_llama"],
+        method,
+        on_step=lambda step, context, cache: steps.append(
+            (step, kv_cache.cache_lengths(cache), [p.clone() for p in context.positions])
+        ),
+    )
+    prompt = torch.randint(0, 49152, (96,), generator=torch.Generator().manual_seed(3)).tolist()
+    result = engine.generate(prompt, 24)
+    assert result.budget == 48
+    decode = [s for s in steps if s[0] >= 1]
+    assert len(decode) == 23
+    differs = False
+    for step, lengths, positions in decode:
+        assert lengths == [48, 48, 48], step
+        seen = 96 + step
+        for layer in positions:
+            assert layer.shape == (2, 48)
+            assert (layer[:, :2] == torch.arange(2)).all()  # sinks
+            assert (layer[:, -8:] == torch.arange(seen - 8, seen)).all()  # recent window
+            differs |= not torch.equal(layer[0], layer[1])
+    assert differs, "per-head keep sets never differed"
+
+
+def test_no_budget_means_identical_generation(tiny_models, tmp_path):
+    model = tiny_models["tiny_llama"]
+    prompt = torch.randint(0, 49152, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    model.set_attn_implementation("sdpa")
+    reference = model.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    method = kvpop_method(tiny_checkpoint(tmp_path), "tiny_llama", "rho=0")
+    assert Engine(model, method).generate(prompt, 8).tokens == reference[0, 40:].tolist()
+
+
+def test_checkpoint_for_another_model_is_refused(tmp_path):
+    checkpoint = tiny_checkpoint(tmp_path)
+    # hydra wraps the ValueError of the constructor
+    with pytest.raises(Exception, match=r"trained for tiny_llama \(3 layers.*used with tiny_qwen2"):
+        kvpop_method(checkpoint, "tiny_qwen2")
+    deeper = tiny_checkpoint(tmp_path / "deep", layers=4)
+    info = SequenceInfo(prefill_len=64, num_layers=3, num_kv_heads=2, num_query_heads=4, max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"4 layers.*3 layers"):
+        KVpop(checkpoint=deeper, rho=0.5).begin(info)
+    with pytest.raises(Exception, match="expects a mlp scorer"):
+        kvpop_method(checkpoint, "tiny_llama", method="kvpop_mlp")
+
+
+def test_training_writes_a_checkpoint_the_policy_loads(tmp_path, tiny_models):
+    from harness.train_kvpop import train
+
+    cfg = compose_config(
+        "model=tiny_llama",
+        "kvpop.s=2",
+        "kvpop.w=8",
+        "kvpop.k=16",
+        "kvpop.cell_dim=4",
+        "data.length=96",
+        "data.windows=2",
+        "data.skip=0",
+        "train.steps=4",
+        "train.log_every=2",
+        f"output={tmp_path}/tiny.safetensors",
+        config_name="train_kvpop",
+    )
+    summary = train(cfg)
+    assert [point["step"] for point in summary["history"]] == [2, 4]
+    method = kvpop_method(summary["checkpoint"], "tiny_llama", "rho=0.5")
+    assert method.trained.policy == {"s": 2, "w": 8, "k": 16, "n": 1}
+    assert OmegaConf.create(method.trained.train["config"]).kvpop.k == 16
+    assert model_spec("tiny_llama").name == method.trained.model
