@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tasks.base import Example, Task, require_int
+from tasks.hub import load_rows
 from tasks.longbench import metrics
-from tasks.longbench.hub import load_rows
 from tasks.longbench.prompting import encode, truncate_middle
 from tasks.longbench.protocol import (
     DATASETS,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tasks.base import Example, Task, require_int
-from tasks.longbench.hub import load_rows
+from tasks.hub import load_rows
 from tasks.longbench.prompting import encode, truncate_middle
 from tasks.longbench_v2.protocol import (
     MAX_NEW_TOKENS,

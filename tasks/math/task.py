@@ -24,7 +24,7 @@ from statistics import fmean
 from typing import Any
 
 from tasks.base import Example, Task, require_int
-from tasks.longbench.hub import load_rows
+from tasks.hub import load_rows
 from tasks.math.answers import extract_answer, is_equivalent
 from tasks.math.sources import SOURCES, Source
 

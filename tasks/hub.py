@@ -1,4 +1,4 @@
-"""Loading LongBench-family data through ``datasets``: a pinned hub copy or local files in the hub's schema."""
+"""Loading hub datasets through ``datasets``: a pinned hub copy, or local files in the hub's schema."""
 
 from __future__ import annotations
 
