@@ -238,7 +238,8 @@ def product(*axes: Axis) -> Axis:
                     parent.free + child.free,
                 )
                 for parent in out
-                for child in axis(_select(frame, parent.where))
+                # An axis without values here (no lengths recorded yet) leaves its parent standing.
+                for child in axis(_select(frame, parent.where)) or [Line("")]
             ]
         return out
 
@@ -530,13 +531,20 @@ def _scenario_columns(total: str, extra: Sequence[Line] = ()) -> Axis:
 
 
 def _variant_axis(name: str, key: str, grid_values: Sequence[float], label: str, pair: Callable | None = None) -> Axis:
-    """Variants of ``name`` along one parameter (``pair`` adds parameters tied to it)."""
-    return fixed(
-        *(
-            Line(f"{label}={v:g}", {"variant": variant(name, {key: v, **(pair(v) if pair else {})})})
-            for v in grid_values
-        )
-    )
+    """Variants of ``name`` along one parameter: the paper's grid plus any other value run.
+
+    ``pair`` adds the parameters tied to it (FD-KVC's w_rho = 1 - w_c).
+    """
+
+    def lines(frame: pd.DataFrame) -> list[Line]:
+        column = f"p.{key}"
+        present = frame.loc[frame["method"] == name, column].dropna() if column in frame.columns else []
+        chosen = sorted({*grid_values, *(float(v) for v in present)})
+        return [
+            Line(f"{label}={v:g}", {"variant": variant(name, {key: v, **(pair(v) if pair else {})})}) for v in chosen
+        ]
+
+    return lines
 
 
 def paper_tables() -> list[TableSpec]:

@@ -1,0 +1,82 @@
+"""Rank-trace diagnostics on hand-made sequences, and the recorder on a tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from harness.diagnostics import (
+    StepSnapshot,
+    churn,
+    jaccard,
+    spearman,
+    summarize_series,
+    top_b,
+    trace_series,
+)
+
+
+def test_set_measures() -> None:
+    assert top_b([0, 1, 2, 3], [0.1, 0.5, 0.5, 0.2], 2) == {1, 2}
+    assert top_b([0, 1, 2], [0.3, 0.3, 0.1], 1) == {1}  # tie: the more recent position
+    assert jaccard({1, 2}, {2, 3}) == pytest.approx(1 / 3) and jaccard(set(), set()) == 1.0
+    assert churn({1, 2, 3, 4}, {1, 2, 5, 6}) == 0.5 and math.isnan(churn(set(), {1}))
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_trace_series_by_hand() -> None:
+    positions = np.array([0, 1, 2, 3])
+    steps = [
+        StepSnapshot(
+            1,
+            positions,
+            np.array([0, 1]),
+            raw=np.array([4.0, 3, 2, 1]),
+            state=np.array([4.0, 3, 2, 1]),
+            attention=np.array([4.0, 3, 2, 1]),
+        ),  # fmt: skip
+        # Raw top-2 moves to {2, 3}; the state still prefers {0, 2}; the method keeps {0, 2}.
+        StepSnapshot(
+            2,
+            positions,
+            np.array([0, 2]),
+            raw=np.array([1.0, 2, 4, 3]),
+            state=np.array([5.0, 1, 4, 0]),
+            attention=np.array([4.0, 3, 2, 1]),
+        ),  # fmt: skip
+        StepSnapshot(3, positions, np.array([0, 2])),  # not observed (lazy step)
+    ]
+    series = trace_series(steps, budget=2)
+    assert math.isnan(series["churn"][0]) and series["churn"][1] == 0.5 and series["churn"][2] == 0.0
+    assert series["churn_raw"][1] == 1.0
+    assert series["jaccard_raw_state"] == [1.0, pytest.approx(1 / 3), series["jaccard_raw_state"][2]]
+    assert series["raw_top_evicted"][1] == 0.5
+    assert series["spearman_vs_attention"][0] == pytest.approx(1.0)
+    assert series["spearman_vs_attention"][1] == pytest.approx(-0.8)
+    assert series["jaccard_vs_attention"][1] == 0.0
+    assert all(math.isnan(series[name][2]) for name in series if name != "churn")
+    summary = summarize_series(series)
+    assert summary["churn"] == 0.25 and summary["raw_top_evicted"] == 0.25
+
+
+def test_recorder_on_a_tiny_model(tmp_path, tiny_models) -> None:
+    from conftest import named_method
+
+    from harness.diagnostics import RetentionRecorder, read_diagnostics
+    from harness.engine import Engine
+
+    engine = Engine(tiny_models["tiny_llama"], named_method("inertia", "rho=0.5"))
+    recorder = RetentionRecorder.attach(engine)
+    for example in ("a/0", "a/1"):
+        engine.generate(list(range(5, 45)), 6)
+        recorder.write(tmp_path, example, "a")
+    lines = read_diagnostics(tmp_path)
+    assert [line["example_id"] for line in lines] == ["a/0", "a/1"]
+    assert all(line["steps"] == 5 and len(line["kept"]) == 5 for line in lines)
+    assert all(len(kept) == 20 for kept in lines[0]["kept"])
+    # The attention scorer compared with attention itself.
+    assert lines[0]["summary"]["spearman_vs_attention"] == pytest.approx(1.0)
