@@ -207,3 +207,14 @@ def test_training_writes_a_checkpoint_the_policy_loads(tmp_path, tiny_models):
     assert method.trained.policy == {"s": 2, "w": 8, "k": 16, "n": 1}
     assert OmegaConf.create(method.trained.train["config"]).kvpop.k == 16
     assert model_spec("tiny_llama").name == method.trained.model
+
+
+def test_hub_documents_need_a_pinned_revision_and_read_local_copies(tmp_path):
+    from harness.kvpop.data import documents
+
+    with pytest.raises(ValueError, match="pinned revision"):
+        documents(None, {"path": "open-r1/OpenR1-Math-220k", "column": "solution"})
+    rows = tmp_path / "traces.jsonl"
+    rows.write_text('{"solution": "first trace"}\n{"solution": "  "}\n{"solution": "second trace"}\n')
+    docs = documents(None, {"path": "any", "column": "solution", "data_files": str(rows)})
+    assert docs == ["first trace", "second trace"]

@@ -1,0 +1,129 @@
+"""Evaluate KVpop checkpoints: retention recall vs the teacher, and perplexity under eviction vs heuristics.
+
+    python scripts/kvpop_eval.py --checkpoint results/kvpop/smollm2_135m_mlstm_s4w32k96.safetensors
+
+1. Retention recall (KVpop's Table: top-k recall vs the teacher): on held-out windows of the
+   training corpus (after ``--skip`` windows, beyond the training windows), at query positions
+   sampled after saturation, the share of the teacher's top-k (future-attention target with the
+   scorer's decay) that the policy's top-k keeps; per layer and KV head, and for the recency
+   ranking (StreamingLLM's choice) as reference. Reported at the trained ``k`` and at the ``k``
+   of each compression ratio for a ``--length`` context.
+2. Quality: ``task=ppl`` (teacher-forced windows of the bundled text, the method evicting at
+   every step) through ``harness.run.execute`` for ``full``, the heuristics and every checkpoint
+   at each ``--rhos`` value; records go to ``--results-dir`` (reruns resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from harness.config import compose_config
+from harness.kvpop.data import documents, token_windows
+from harness.kvpop.loss import candidates, decayed, retention_recall, sample_queries
+from harness.models import ModelSpec, load_model, load_tokenizer
+from harness.run import execute
+from harness.train_kvpop import extract
+from methods.kvpop import load_checkpoint
+
+
+def recall_table(
+    checkpoint: str, spec: ModelSpec, length: int, windows: int, skip: int, queries: int, rhos: list[float]
+) -> dict[str, Any]:
+    """Recall of the policy and of recency vs the teacher, overall and per layer x head."""
+    scorer, info = load_checkpoint(checkpoint)
+    s, w, k_trained, n = (info.policy[key] for key in ("s", "w", "k", "n"))
+    model, tokenizer = load_model(spec), load_tokenizer(spec)
+    texts = documents(None, None)
+    generator = torch.Generator().manual_seed(0)
+    ks = {"trained": k_trained} | {f"rho={rho}": math.floor((1 - rho) * length + 1e-9) - s - w for rho in rhos}
+    sums: dict[str, dict[str, torch.Tensor]] = {name: {} for name in ks}
+    for ids in token_windows(tokenizer, texts, length, windows, skip):
+        window = extract(model, ids, w, 1e-6, "auto")
+        with torch.no_grad():
+            scores = scorer(window.keys, window.values)
+            log_gamma = scorer.log_gamma()
+        for name, k in ks.items():
+            picked = sample_queries(length, s + w + k, queries, 0.5, generator)
+            teacher = decayed(window.target, picked, log_gamma, n)
+            mask = candidates(picked, length, s, w).expand_as(teacher)
+            rankings = {
+                "kvpop": decayed(scores, picked, log_gamma, n),
+                "recency": torch.arange(length, dtype=teacher.dtype).expand_as(teacher),
+            }
+            for label, ranking in rankings.items():
+                recall = retention_recall(ranking, teacher, mask, k).mean(-1)  # (layers, heads)
+                sums[name][label] = sums[name].get(label, 0) + recall / windows
+    return {
+        name: {"k": ks[name]}
+        | {label: round(float(value.mean()), 4) for label, value in by_label.items()}
+        | {"kvpop_per_layer_head": [[round(float(x), 3) for x in row] for row in by_label["kvpop"]]}
+        for name, by_label in sums.items()
+    }
+
+
+def perplexities(
+    methods: list[tuple[str, str | None]], rhos: list[float], model: str, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Mean-NLL perplexity of every (method, rho) on ``task=ppl`` windows."""
+    rows = []
+    task = [f"task.prefill={args.length}", f"task.eval_tokens={args.eval_tokens}", f"task.n={args.ppl_windows}"]
+    for method, checkpoint in [("full", None)] + methods:
+        for rho in [0.0] if method == "full" else rhos:
+            overrides = [f"model={model}", f"method={method}", "task=ppl", *task, f"rho={rho}"]
+            overrides += [f"threads={args.threads}", f"results_dir={args.results_dir}"]
+            if checkpoint is not None:
+                overrides.append(f"method.checkpoint={checkpoint}")
+            summary = execute(compose_config(*overrides))
+            label = method if checkpoint is None else f"{method}:{Path(checkpoint).stem}"
+            nll = summary["subtasks"]["ppl"]["nll"]
+            rows.append({"method": label, "rho": rho, "ppl": round(math.exp(nll), 3), "nll": round(nll, 4)})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", nargs="+", required=True, help="KVpop checkpoints (.safetensors)")
+    parser.add_argument("--model", default="smollm2_135m")
+    parser.add_argument("--length", type=int, default=1024, help="context length (recall windows, ppl prefill)")
+    parser.add_argument("--windows", type=int, default=3, help="held-out windows for recall")
+    parser.add_argument("--skip", type=int, default=120, help="windows skipped before the held-out ones")
+    parser.add_argument("--queries", type=int, default=32, help="query positions per window for recall")
+    parser.add_argument("--rhos", type=float, nargs="+", default=[0.75, 0.88])
+    parser.add_argument("--baselines", nargs="+", default=["streaming_llm", "tova", "inertia"])
+    parser.add_argument("--eval-tokens", type=int, default=128, help="teacher-forced tokens per ppl window")
+    parser.add_argument("--ppl-windows", type=int, default=2)
+    parser.add_argument("--no-ppl", action="store_true")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--results-dir", default="results")
+    parser.add_argument("--out", default=None, help="write the report as JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    spec = ModelSpec(**OmegaConf.to_container(compose_config(f"model={args.model}").model, resolve=True))
+    report: dict[str, Any] = {"recall": {}}
+    kvpop_methods = []
+    for checkpoint in args.checkpoint:
+        kind = load_checkpoint(checkpoint)[0].kind
+        kvpop_methods.append(("kvpop" if kind == "mlstm" else "kvpop_mlp", checkpoint))
+        recall = recall_table(checkpoint, spec, args.length, args.windows, args.skip, args.queries, args.rhos)
+        report["recall"][checkpoint] = recall
+        for name, row in recall.items():
+            print(f"recall {Path(checkpoint).stem} {name} k={row['k']}: kvpop {row['kvpop']:.3f} "
+                  f"recency {row['recency']:.3f}")  # fmt: skip
+    if not args.no_ppl:
+        report["ppl"] = perplexities(kvpop_methods, args.rhos, args.model, args)
+        print("| method | rho | ppl |\n|---|---|---|")
+        for row in report["ppl"]:
+            print(f"| {row['method']} | {row['rho']} | {row['ppl']:.3f} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
