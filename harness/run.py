@@ -28,6 +28,7 @@ from harness.models import ModelSpec, load_model, load_tokenizer
 from harness.records import RecordFile
 from harness.sampling import Sampling
 from harness.summary import summarize
+from harness.wandb_logger import open_logger
 from methods.base import EvictionMethod
 from tasks.base import Example, Task
 
@@ -170,24 +171,28 @@ def execute(cfg: DictConfig) -> dict[str, Any]:
     log.info(
         "%s: %d examples, %d already recorded, %d to run", run, len(examples), len(examples) - len(todo), len(todo)
     )
-    if todo:
-        if uses_model:
-            run_one, device = model_runner(cfg, spec, task, method, tokenizer, todo)
-        else:
-            run_one, device = partial(task.run_example, method), torch.device("cpu")
-        with (folder / "provenance.jsonl").open("a") as handle:
-            handle.write(json.dumps(provenance.collect(device)) + "\n")
-        scores: list[float] = []
-        progress = tqdm(todo, desc=f"{cfg.method.name} rho={cfg.rho}", unit="ex", dynamic_ncols=True)
-        for example in progress:
-            record = make_record(cfg, run, task, example, run_one(example))
-            records.append(record)
-            scores.append(next(iter(record["metrics"].values())))
-            progress.set_postfix(score=f"{sum(scores) / len(scores):.3g}", kv=f"{record['cache_len_final']}")
-    summary = summarize(records.records())
-    summary["run_id"] = run
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    log.info("%s: %s", run, json.dumps({k: summary.get(k) for k in ("n", "overall", "kv_ratio_final")}))
+    # One tracker run per job, finished (as failed) even when the loop raises.
+    with open_logger(cfg, run) as tracker:
+        if todo:
+            if uses_model:
+                run_one, device = model_runner(cfg, spec, task, method, tokenizer, todo)
+            else:
+                run_one, device = partial(task.run_example, method), torch.device("cpu")
+            with (folder / "provenance.jsonl").open("a") as handle:
+                handle.write(json.dumps(provenance.collect(device)) + "\n")
+            scores: list[float] = []
+            progress = tqdm(todo, desc=f"{cfg.method.name} rho={cfg.rho}", unit="ex", dynamic_ncols=True)
+            for example in progress:
+                record = make_record(cfg, run, task, example, run_one(example))
+                records.append(record)
+                tracker.log_record(record, step=len(records) - 1)
+                scores.append(next(iter(record["metrics"].values())))
+                progress.set_postfix(score=f"{sum(scores) / len(scores):.3g}", kv=f"{record['cache_len_final']}")
+        summary = summarize(records.records())
+        summary["run_id"] = run
+        (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        tracker.log_summary(summary)
+        log.info("%s: %s", run, json.dumps({k: summary.get(k) for k in ("n", "overall", "kv_ratio_final")}))
     return summary
 
 

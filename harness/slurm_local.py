@@ -245,8 +245,8 @@ class LocalSlurm:
             "SelectTypeParameters": "CR_Core",
             # Schedule array tasks at once instead of every few seconds.
             "SchedulerParameters": "batch_sched_delay=0,sched_interval=1",
-            # submitit ignores SIGTERM; a cancelled job is killed this many seconds later.
-            "KillWait": 2,
+            # submitit ignores SIGTERM, so a cancelled job runs on until SIGKILL, this many seconds later.
+            "KillWait": 0,
             "ReturnToService": 2,
             "MpiDefault": "none",
             "MailProg": "/bin/true",
