@@ -68,15 +68,14 @@ def recall_table(
     }
 
 
-def perplexities(
-    methods: list[tuple[str, str | None]], rhos: list[float], model: str, args: argparse.Namespace
-) -> list[dict[str, Any]]:
-    """Mean-NLL perplexity of every (method, rho) on ``task=ppl`` windows."""
+def perplexities(kvpop: list[tuple[str, str]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Perplexity (exp of the mean NLL) of the full cache, the baselines and every checkpoint at each rho."""
     rows = []
     task = [f"task.prefill={args.length}", f"task.eval_tokens={args.eval_tokens}", f"task.n={args.ppl_windows}"]
-    for method, checkpoint in [("full", None)] + methods:
-        for rho in [0.0] if method == "full" else rhos:
-            overrides = [f"model={model}", f"method={method}", "task=ppl", *task, f"rho={rho}"]
+    methods: list[tuple[str, str | None]] = [("full", None), *((name, None) for name in args.baselines), *kvpop]
+    for method, checkpoint in methods:
+        for rho in [0.0] if method == "full" else args.rhos:
+            overrides = [f"model={args.model}", f"method={method}", "task=ppl", *task, f"rho={rho}"]
             overrides += [f"threads={args.threads}", f"results_dir={args.results_dir}"]
             if checkpoint is not None:
                 overrides.append(f"method.checkpoint={checkpoint}")
@@ -117,7 +116,7 @@ def main() -> None:
             print(f"recall {Path(checkpoint).stem} {name} k={row['k']}: kvpop {row['kvpop']:.3f} "
                   f"recency {row['recency']:.3f}")  # fmt: skip
     if not args.no_ppl:
-        report["ppl"] = perplexities(kvpop_methods, args.rhos, args.model, args)
+        report["ppl"] = perplexities(kvpop_methods, args)
         print("| method | rho | ppl |\n|---|---|---|")
         for row in report["ppl"]:
             print(f"| {row['method']} | {row['rho']} | {row['ppl']:.3f} |")
