@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from harness import provenance
+from harness.diagnostics import RetentionRecorder
 from harness.engine import Engine
 from harness.models import ModelSpec, load_model, load_tokenizer
 from harness.records import RecordFile
@@ -118,11 +119,24 @@ def make_record(cfg: DictConfig, run: str, task: Task, example: Example, outcome
 
 
 def model_runner(
-    cfg: DictConfig, spec: ModelSpec, task: Task, method: EvictionMethod, tokenizer: Any, todo: list[Example]
+    cfg: DictConfig,
+    spec: ModelSpec,
+    task: Task,
+    method: EvictionMethod,
+    tokenizer: Any,
+    todo: list[Example],
+    folder: Path,
 ) -> tuple[Callable[[Example], dict[str, Any]], torch.device]:
-    """Load the model, check every pending example against the method, return the per-example runner."""
+    """Load the model, check every pending example against the method, return the per-example runner.
+
+    With ``diagnostics=true`` every example's per-step retained sets and scores go to
+    ``<run>/diagnostics.jsonl`` (decode then computes attention weights at every step, so its
+    timings are not comparable with a plain run).
+    """
     model = load_model(spec)
     engine = Engine(model, method, Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True)))
+    # Attached before the first sequence: the recorder wraps the method's scorer.
+    recorder = RetentionRecorder.attach(engine) if cfg.diagnostics else None
     for example in todo:
         engine.check(len(example.input_ids), example.max_new_tokens)
     stops = stop_token_ids(model, tokenizer)
@@ -137,6 +151,8 @@ def model_runner(
             forced=example.forced_ids,
             min_new_tokens=example.min_new_tokens,
         )
+        if recorder is not None:
+            recorder.write(folder, example.example_id, example.subtask)
         prediction = tokenizer.decode(generation.tokens, skip_special_tokens=True)
         if example.forced_ids is None:
             metrics = task.score(prediction, example)
@@ -175,7 +191,7 @@ def execute(cfg: DictConfig) -> dict[str, Any]:
     with open_logger(cfg, run) as tracker:
         if todo:
             if uses_model:
-                run_one, device = model_runner(cfg, spec, task, method, tokenizer, todo)
+                run_one, device = model_runner(cfg, spec, task, method, tokenizer, todo, folder)
             else:
                 run_one, device = partial(task.run_example, method), torch.device("cpu")
             with (folder / "provenance.jsonl").open("a") as handle:

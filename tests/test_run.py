@@ -106,3 +106,10 @@ def test_model_free_task_runs_through_the_harness(tmp_path):
         assert record["model"] == "world"
         assert record["budget"] == 56 and record["cache_len_final"] <= 56
         assert len(record["meta"]["turns"]["alignment"]) == 10
+
+
+def test_diagnostics_are_written_per_example(tmp_path):
+    cfg = compose_config(*TINY, "method=inertia", "rho=0.5", f"results_dir={tmp_path}", "diagnostics=true")
+    summary = execute(cfg)
+    lines = (tmp_path / summary["run_id"] / "diagnostics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["example_id"] for line in lines] == ["niah_single_1/512/0000", "niah_single_1/512/0001"]
