@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import pwd
 import shutil
@@ -31,6 +30,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Self
 
@@ -77,7 +77,7 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _wait(condition, timeout: float, what: str, interval: float = 0.1) -> None:
+def _wait(condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -101,6 +101,7 @@ class LocalSlurm:
         self.conf = self.root / "etc" / "slurm.conf"
         self.host = socket.gethostname().split(".")[0]
         self._mariadb: subprocess.Popen | None = None
+        self.ports: dict[str, int] = {}
 
     @property
     def env(self) -> dict[str, str]:
@@ -124,7 +125,7 @@ class LocalSlurm:
     def log_tails(self, lines: int = 15) -> str:
         """The last lines of every daemon's log, for error messages."""
         out = []
-        for log in sorted(self._path("log").glob("*.log")):
+        for log in sorted([*self._path("log").glob("*.log"), *self._path("munge").glob("*.log")]):
             tail = log.read_text(errors="replace").splitlines()[-lines:]
             out.append(f"--- {log.name}\n" + "\n".join(tail))
         return "\n".join(out)
@@ -151,7 +152,6 @@ class LocalSlurm:
         busy = [f"{name}:{port}" for name, port in self.ports.items() if port_open(port)]
         if busy:
             raise SlurmLocalError(f"ports already in use: {', '.join(busy)}")
-        (self._path("run", "ports.json")).write_text(json.dumps(self.ports))
         try:
             self._start_munge()
             self._start_mariadb()

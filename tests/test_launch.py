@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,7 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
+from harness.config import CONF_DIR
 from harness.slurm_local import LocalSlurm, SlurmLocalError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,22 +132,42 @@ def interrupt_then_resume(
     return (results / "launch.log").read_text()
 
 
-def test_slurm_array_sweep_writes_every_run(slurm, tmp_path):
-    run_sweep(tmp_path, "slurm_local", "task.n_dialogs=2", "method=fdkvc,fifo", env=slurm.env)
+def slurm_query(slurm: LocalSlurm, *command: str) -> list[str]:
+    return subprocess.run(command, env=slurm.env, capture_output=True, text=True, check=True).stdout.split()
+
+
+def method_records(results: Path, method: str) -> bytes:
+    return next((data for run, data in records_by_run(results).items() if f"__{method}-" in run), b"")
+
+
+def test_slurm_array_sweep_with_a_requeued_task_writes_every_run_once(slurm, tmp_path):
+    """Two configs as one array job; task 0 is requeued mid-run (as on preemption) and resumes."""
+    n = 24
+    with background_sweep(tmp_path, "slurm_local", f"task.n_dialogs={n}", "method=fdkvc,fifo", env=slurm.env) as sweep:
+        wait_for(lambda: b"\n" in method_records(tmp_path, "fdkvc"), "fdkvc's first record")
+        [task] = [job for job in slurm_query(slurm, "squeue", "-h", "-o", "%i") if job.endswith("_0")]
+        subprocess.run(["scontrol", "requeue", task], env=slurm.env, check=True)
+        wait_for(lambda: slurm_query(slurm, "squeue", "-h", "-j", task, "-o", "%T") == ["PENDING"], "the requeue")
+        # What the first attempt left; Slurm holds a requeued job ~2 min, which a test skips.
+        before = method_records(tmp_path, "fdkvc")
+        subprocess.run(["scontrol", "update", f"JobId={task}", "StartTime=now"], env=slurm.env, check=True)
+        assert sweep.wait(timeout=SWEEP_TIMEOUT) == 0, (tmp_path / "launch.log").read_text()[-4000:]
+
+    done = len(complete_lines(before))
+    assert 1 <= done < n, f"task 0 was not requeued mid-run ({done} of {n} records)"
     runs = records_by_run(tmp_path)
     assert sorted(run.split("__")[1].split("-")[0] for run in runs) == ["fdkvc", "fifo"]
-    assert all(len(complete_lines(data)) == 2 for data in runs.values())
-    # One array job, one task per config (submitit names their folders <array id>_<index>).
-    tasks = sorted(path.name for path in tmp_path.glob(".hydra/*/.submitit/*") if re.fullmatch(r"\d+_\d+", path.name))
-    assert len(tasks) == 2 and tasks[0].split("_")[0] == tasks[1].split("_")[0], tasks
-    accounting = subprocess.run(
-        ["sacct", "-n", "-P", "-X", "-j", tasks[0].split("_")[0], "-o", "JobID,State"],
-        env=slurm.env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert sorted(accounting) == [f"{task}|COMPLETED" for task in tasks]
+    for data in runs.values():
+        assert [record["example_id"] for record in complete_lines(data)] == [f"topic_shift/{i:04d}" for i in range(n)]
+    assert method_records(tmp_path, "fdkvc").startswith(before), "records written before the requeue changed"
+    logs = "".join(path.read_text() for path in tmp_path.glob(".hydra/*/0/run.log"))
+    assert f"{n} examples, {done} already recorded, {n - done} to run" in logs
+    # One array job (two tasks, both run at once) asking Slurm to requeue it.
+    [script] = tmp_path.glob(".hydra/*/.submitit/*/*_submission.sh")
+    assert "#SBATCH --array=0-1%2" in script.read_text() and "#SBATCH --requeue" in script.read_text()
+    array = task.split("_")[0]
+    states = slurm_query(slurm, "sacct", "-n", "-P", "-X", "-D", "-j", array, "-o", "JobID,State")
+    assert sorted(states) == [f"{array}_0|COMPLETED", f"{array}_0|REQUEUED", f"{array}_1|COMPLETED"], states
 
 
 def test_slurm_job_cancelled_mid_run_resumes_without_recomputing(slurm, tmp_path):
@@ -156,9 +178,7 @@ def test_slurm_job_cancelled_mid_run_resumes_without_recomputing(slurm, tmp_path
     output = interrupt_then_resume(tmp_path, "slurm_local", "fdkvc", 24, cancel, env=slurm.env)
     # With accounting, submitit sees the cancelled job and the multirun fails instead of hanging.
     assert "UncompletedJobError" in output, output[-3000:]
-    states = subprocess.run(
-        ["sacct", "-n", "-P", "-X", "-o", "State"], env=slurm.env, capture_output=True, text=True, check=True
-    ).stdout.split()
+    states = slurm_query(slurm, "sacct", "-n", "-P", "-X", "-o", "State")
     assert any(state.startswith("CANCELLED") for state in states), states
 
 
@@ -168,3 +188,24 @@ def test_local_executor_sweep_killed_halfway_resumes_without_recomputing(tmp_pat
         os.killpg(sweep.pid, signal.SIGKILL)
 
     interrupt_then_resume(tmp_path, "local", "fdkvc,fifo", 12, kill_sweep)
+
+
+def test_missing_slurm_packages_fail_with_the_install_line(monkeypatch, tmp_path):
+    monkeypatch.setattr("harness.slurm_local.shutil.which", lambda name, path=None: None)
+    with pytest.raises(SlurmLocalError, match=r"apt-get install -y --no-install-recommends munge slurmctld"):
+        LocalSlurm(tmp_path / "cluster").start()
+
+
+@pytest.mark.parametrize(("preset", "constraint"), [("slurm_h100", "h100"), ("slurm_h200", "h200")])
+def test_gpu_presets_request_gpus_an_array_cap_and_requeue(preset, constraint, monkeypatch):
+    monkeypatch.setenv("SLURM_PARTITION", "gpu-long")
+    monkeypatch.delenv("SLURM_CONSTRAINT", raising=False)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[f"hydra/launcher={preset}"], return_hydra_config=True)
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    assert launcher["_target_"] == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher["partition"] == "gpu-long" and launcher["constraint"] == constraint
+    assert launcher["gpus_per_node"] == 1 and launcher["tasks_per_node"] == 1
+    assert launcher["additional_parameters"] == {"requeue": True} and launcher["max_num_timeout"] > 0
+    assert 1 < launcher["array_parallelism"] < 256
+    assert f"export OMP_NUM_THREADS={launcher['cpus_per_task']}" in launcher["setup"]

@@ -41,6 +41,12 @@ def read_run_log(path: Path) -> list[wandb_internal_pb2.Record]:
 
 
 def offline_run(results: Path) -> list[wandb_internal_pb2.Record]:
+    """The records of the one offline run under ``results``, once wandb has flushed them.
+
+    ``run.finish()`` can return before wandb's service has written the run's log: shutting the
+    service down waits for it.
+    """
+    wandb.teardown()
     [path] = results.glob(".wandb/wandb/offline-run-*/run-*.wandb")
     return read_run_log(path)
 
@@ -105,10 +111,10 @@ def test_failing_job_still_finishes_its_run(offline, tmp_path, monkeypatch):
     monkeypatch.setattr(DialogTask, "run_example", fails_on_the_second)
     with pytest.raises(RuntimeError, match="simulated crash"):
         execute(offline)
+    assert wandb.run is None, "the failed job's wandb run was left open"
     records = offline_run(tmp_path)
     assert [row["_step"] for row in history(records)] == [0]
     assert only(records, "exit").exit_code == 1
-    assert wandb.run is None, "the failed job's wandb run was left open"
 
 
 def test_none_is_the_default_and_wandb_missing_is_a_clear_error(monkeypatch, tmp_path):
