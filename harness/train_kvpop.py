@@ -26,9 +26,11 @@ from transformers import PreTrainedModel
 from harness.kvpop.capture import capture
 from harness.kvpop.data import documents, token_windows
 from harness.kvpop.loss import boundary_loss, candidates, decayed, retention_recall, sample_queries
+from harness.kvpop.sparse import distillation_loss, kvpop_mask, streaming_mask
 from harness.kvpop.target import future_attention_target
 from harness.models import ModelSpec, load_model, load_tokenizer
 from methods.kvpop.checkpoint import CheckpointInfo, save_checkpoint
+from methods.kvpop.policy import static_base
 from methods.kvpop.scorers import KVpopScorer, build_scorer
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,46 @@ def objective(
     return loss, recall
 
 
+def distill(
+    model: PreTrainedModel, scorer: KVpopScorer, ids: list[list[int]], windows: list[Window], cfg: DictConfig
+) -> dict[str, Any]:
+    """Optional stage 2: fine-tune the base model under the fixed-budget sparse pattern (KL to the dense model).
+
+    ``distill.pattern=kvpop`` uses the trained scorer's static priorities (frozen, from the frozen
+    model's keys and values); ``streaming`` is the StreamingLLM+ baseline (sinks + recent, same budget).
+    """
+    kvpop, options = cfg.kvpop, cfg.distill
+    if options.pattern not in ("kvpop", "streaming"):
+        raise ValueError(f"distill.pattern={options.pattern!r} is not kvpop or streaming")
+    if kvpop.n != 1:
+        raise ValueError("distillation needs static priorities: kvpop.n=1 (age buckets re-rank as q advances)")
+    masks_per_window = []
+    for window in windows:
+        length = window.keys.shape[-2]
+        if options.pattern == "streaming":
+            masks_per_window.append([streaming_mask(length, kvpop.s, kvpop.w, kvpop.k)[None]] * len(window.keys))
+            continue
+        with torch.no_grad():
+            priority = static_base(
+                scorer(window.keys, window.values), torch.arange(length), scorer.log_gamma()[..., None], 1
+            )
+        masks_per_window.append([kvpop_mask(layer, kvpop.s, kvpop.w, kvpop.k) for layer in priority])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr)
+    history = []
+    for step in range(options.steps):
+        index = step % len(ids)
+        batch = torch.tensor([ids[index]], device=model.device)
+        loss = distillation_loss(model, batch, masks_per_window[index], kvpop.s + kvpop.w + kvpop.k)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
+        optimizer.step()
+        history.append({"step": step + 1, "kl": loss.item()})
+        log.info("distill step %d KL %.4f", step + 1, loss.item())
+    model.save_pretrained(options.output)
+    return {"model": options.output, "history": history}
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train, save the checkpoint, return a summary (loss curve included)."""
     if cfg.threads:
@@ -160,7 +202,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     )
     path = save_checkpoint(scorer, cfg.output, info)
     log.info("saved %s (training %.1fs)", path, train_s)
-    return {"checkpoint": str(path), "history": history, "extract_s": extract_s, "train_s": train_s}
+    summary = {"checkpoint": str(path), "history": history, "extract_s": extract_s, "train_s": train_s}
+    if cfg.distill.enabled:
+        summary["distill"] = distill(model, scorer, ids, windows, cfg)
+    return summary
 
 
 @hydra.main(config_path="../conf", config_name="train_kvpop", version_base="1.3")
