@@ -112,8 +112,6 @@ class ScoredEviction(EvictionMethod):
         plan = []
         for layer, layer_positions in enumerate(positions):
             cached = self._row_positions(layer_positions)
-            chosen = self.selection.select(
-                self._state_rows(layer).gather(1, cached), cached, seen, self._budget
-            )
+            chosen = self.selection.select(self._state_rows(layer).gather(1, cached), cached, seen, self._budget)
             plan.append(chosen if self.selection.granularity == "head" else chosen[0])
         return plan

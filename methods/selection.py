@@ -44,9 +44,7 @@ class Selection:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.rho < 1.0:
-            raise ValueError(
-                f"rho={self.rho} is outside [0, 1): rho is the fraction of the prompt cache evicted"
-            )
+            raise ValueError(f"rho={self.rho} is outside [0, 1): rho is the fraction of the prompt cache evicted")
         if self.budget_tokens is not None and self.budget_tokens < 1:
             raise ValueError(f"budget_tokens={self.budget_tokens} must be a positive number of cache entries")
         if self.sinks < 0 or self.window < 0:

@@ -40,9 +40,7 @@ class SnapKV(EvictionMethod):
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
             raise ValueError(f"kernel_size={self.kernel_size} must be a positive odd number")
         if self.selection.granularity != "head":
-            raise ValueError(
-                f"SnapKV selects per KV head: granularity={self.selection.granularity!r} must be 'head'"
-            )
+            raise ValueError(f"SnapKV selects per KV head: granularity={self.selection.granularity!r} must be 'head'")
         if self.selection.window < 1:
             raise ValueError("SnapKV needs an observation window: selection.window >= 1")
 
@@ -70,9 +68,7 @@ class SnapKV(EvictionMethod):
         votes = weights.sum(dim=2).mean(dim=1)
         pool = torch.nn.functional.max_pool1d if self.pooling == "max" else torch.nn.functional.avg_pool1d
         pad = self.kernel_size // 2
-        self._scores[view.layer] = pool(votes.unsqueeze(1), self.kernel_size, stride=1, padding=pad).squeeze(
-            1
-        )
+        self._scores[view.layer] = pool(votes.unsqueeze(1), self.kernel_size, stride=1, padding=pad).squeeze(1)
 
     def keep(self, step: int, positions: list[Tensor]) -> KeepPlan | None:
         if self._budget is None or step != 0 or positions[0].shape[-1] <= self._budget:

@@ -89,9 +89,7 @@ def table1(results: pd.DataFrame, names: list[str]) -> str:
             }
             for s in scenarios
         ]
-        rows.append(
-            {"scenario": "composite", "ours FD-KVC vs H2O": f"{100 * composite:+.1f}%", "paper": "+6.7%"}
-        )
+        rows.append({"scenario": "composite", "ours FD-KVC vs H2O": f"{100 * composite:+.1f}%", "paper": "+6.7%"})
         out.append(markdown(pd.DataFrame(rows)))
         out.append("(paper: H2O +64% over FD-KVC on topic return, i.e. FD-KVC -39.0% vs H2O)")
     return "\n\n".join(out)
@@ -132,9 +130,7 @@ def ablation(task: DialogTask, n: int, name: str, values: list[float], paired: C
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=600, help="dialogs per scenario")
     parser.add_argument("--ablation-n", type=int, default=200, help="dialogs of Mixed in Tables 5-6")
     parser.add_argument("--methods", default=",".join(METHODS))
@@ -143,9 +139,7 @@ def main() -> None:
     parser.add_argument("--tied-qk", action="store_true", help="W_K = W_Q")
     parser.add_argument("--weight-std", type=float, default=None, help="std of W entries (default 1/8)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument(
-        "--fdkvc", nargs="*", default=[], help="extra overrides for fdkvc, e.g. method.beta=0"
-    )
+    parser.add_argument("--fdkvc", nargs="*", default=[], help="extra overrides for fdkvc, e.g. method.beta=0")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     names = args.methods.split(",")
@@ -163,13 +157,8 @@ def main() -> None:
     wall = time.perf_counter() - start
     world = f"noise_var={args.noise_var}, tied_qk={args.tied_qk}, weight_std={args.weight_std}"
     print(f"# Dialog world: {world}, seed={args.seed}, n={args.n}\n")
-    print(
-        f"Benchmark: {len(task.scenarios)} scenarios x {args.n} dialogs x {len(names)} methods "
-        f"in {wall:.1f} s "
-    )
-    print(
-        f"({args.threads} thread(s)); per method: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
-    )
+    print(f"Benchmark: {len(task.scenarios)} scenarios x {args.n} dialogs x {len(names)} methods in {wall:.1f} s ")
+    print(f"({args.threads} thread(s)); per method: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     paper4 = [m for m in ("fifo", "sink_window", "h2o", "fdkvc") if m in seconds]
     print(f"The paper's four methods: {sum(seconds[m] for m in paper4):.1f} s\n")
 
@@ -186,17 +175,13 @@ def main() -> None:
     print("\ncells: mean turns (share of shifts never adapted)\n")
 
     print("## Table 3: late diversity (% of the dialog's topics with >= 1 cached token)\n")
-    columns = {
-        s: (lambda part, _n, s=s: f"{100 * part[part.scenario == s].diversity.mean():.1f}") for s in SCENARIOS
-    }
+    columns = {s: (lambda part, _n, s=s: f"{100 * part[part.scenario == s].diversity.mean():.1f}") for s in SCENARIOS}
     columns["mean"] = lambda part, _n: f"{100 * part.diversity.mean():.1f}"
     columns["paper"] = lambda part, n: PAPER_DIVERSITY.get(n, "")
     print(per_method(results, names, columns) + "\n")
 
     print("## Table 4: late retention (% of cache on the current topic, cos > 0.3) and latency\n")
-    columns = {
-        s: (lambda part, _n, s=s: f"{100 * part[part.scenario == s].retention.mean():.1f}") for s in SCENARIOS
-    }
+    columns = {s: (lambda part, _n, s=s: f"{100 * part[part.scenario == s].retention.mean():.1f}") for s in SCENARIOS}
     columns["mean"] = lambda part, _n: f"{100 * part.retention.mean():.1f}"
     columns["paper"] = lambda part, n: PAPER_RETENTION.get(n, "")
     columns["latency us/turn"] = lambda part, _n: f"{1e3 * part.latency_ms_per_turn.mean():.1f}"
@@ -223,9 +208,7 @@ def main() -> None:
         print(markdown(pd.DataFrame(rows)) + "\n")
 
     overrides = list(args.fdkvc)
-    print(
-        f"## Table 5: w_c ablation (w_rho = 1 - w_c), Mixed, {args.ablation_n} dialogs (paper: peak at 0.3)\n"
-    )
+    print(f"## Table 5: w_c ablation (w_rho = 1 - w_c), Mixed, {args.ablation_n} dialogs (paper: peak at 0.3)\n")
     print(
         ablation(
             task,

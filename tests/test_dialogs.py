@@ -69,9 +69,7 @@ def test_dialog_shapes(name):
     assert dialogs.x.shape == (3, length, 64) and dialogs.x.dtype == torch.float32
     assert dialogs.topics.shape == (3, scenario.n_topics, 64)
     assert dialogs.directions.shape == (3, scenario.n_turns, 64)
-    assert torch.allclose(
-        dialogs.directions.norm(dim=-1), torch.ones(3, scenario.n_turns, dtype=torch.float64)
-    )
+    assert torch.allclose(dialogs.directions.norm(dim=-1), torch.ones(3, scenario.n_turns, dtype=torch.float64))
     assert dialogs.labels.shape == (3, length)
     heads = projections(WorldConfig())
     for matrix in (heads.w_q, heads.w_k, heads.w_v):
@@ -158,9 +156,7 @@ def test_fdkvc_without_bias_or_eviction_equals_the_full_cache():
 
 
 def test_adaptation_counts_turns_and_never():
-    retention = torch.tensor(
-        [[1.0, 0.2, 0.5, 0.9, 0.9], [1.0, 0.9, 0.9, 0.9, 0.9], [1.0, 0.1, 0.1, 0.1, 0.1]]
-    )
+    retention = torch.tensor([[1.0, 0.2, 0.5, 0.9, 0.9], [1.0, 0.9, 0.9, 0.9, 0.9], [1.0, 0.1, 0.1, 0.1, 0.1]])
     speed, never = adaptation(retention, [1], threshold=0.8)
     assert speed[:, 0].tolist() == [3.0, 1.0, 4.0]
     assert never[:, 0].tolist() == [False, False, True]

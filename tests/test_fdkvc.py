@@ -223,9 +223,7 @@ def test_smollm2_multi_turn_chat(smollm2):
         {"role": "assistant", "content": "Strawberries, cherries and raspberries."},
         {"role": "user", "content": "Now name three vegetables that are green, and one that is orange."},
     ]
-    ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     full = Engine(model, FullCache()).generate(ids, 16).tokens
     plain = FDKVC(selection=Selection(rho=0.0), beta=0.0, turn_length=8)
     assert Engine(model, plain).generate(ids, 16).tokens == full

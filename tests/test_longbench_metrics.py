@@ -112,6 +112,7 @@ def test_lcc_skips_comment_lines() -> None:
 
 def test_rouge_matches_the_official_package() -> None:
     import rouge
+
     scorer = rouge.Rouge()
     words = ["the", "cat", "Cat", "sat", "on", "mat", ".", "dog", ",", "a", "", " ", "\n", "3.5", "x", "A."]
     rng = random.Random(0)

@@ -35,9 +35,7 @@ def test_duplicate_append_is_refused_and_nothing_is_lost(tmp_path):
 
 def test_duplicate_lines_on_disk_are_an_error(tmp_path):
     path = tmp_path / "records.jsonl"
-    path.write_text(
-        json.dumps(record("a")) + "\n" + json.dumps(record("b")) + "\n" + json.dumps(record("a")) + "\n"
-    )
+    path.write_text(json.dumps(record("a")) + "\n" + json.dumps(record("b")) + "\n" + json.dumps(record("a")) + "\n")
     with pytest.raises(DuplicateRecordError, match="lines 1 and 3 both record example_id='a'"):
         read_records(path)
 

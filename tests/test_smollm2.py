@@ -15,9 +15,7 @@ from harness.run import execute
 
 def chat_prompt(tokenizer) -> list[int]:
     messages = [{"role": "user", "content": "List three colours of the rainbow, then count from one to ten."}]
-    return tokenizer.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
 def test_no_eviction_matches_generate_on_smollm2(smollm2):
@@ -40,9 +38,7 @@ def test_harness_run_on_smollm2_retrieves_the_needle(tmp_path):
     assert full["overall"] == 100.0
     assert inertia["overall"] == 100.0
     assert inertia["kv_ratio_final"] < 0.12
-    records = [
-        json.loads(x) for x in (tmp_path / inertia["run_id"] / "records.jsonl").read_text().splitlines()
-    ]
+    records = [json.loads(x) for x in (tmp_path / inertia["run_id"] / "records.jsonl").read_text().splitlines()]
     for record in records:
         assert record["budget"] == int(0.1 * record["prefill_len"] + 1e-9)
         assert record["answers"][0] in record["prediction"]
@@ -51,7 +47,5 @@ def test_harness_run_on_smollm2_retrieves_the_needle(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["tova", "h2o", "inertia_lazy", "score_free", "snapkv", "streaming_llm"])
 def test_other_methods_run_on_smollm2(tmp_path, method):
-    summary = execute(
-        compose_config("task.lengths=[1024]", "task.n=2", f"results_dir={tmp_path}", f"method={method}")
-    )
+    summary = execute(compose_config("task.lengths=[1024]", "task.n=2", f"results_dir={tmp_path}", f"method={method}"))
     assert summary["n"] == 2

@@ -158,9 +158,7 @@ def test_compare_known_values_and_unpaired_ids(caplog: pytest.LogCaptureFixture)
     # The average pools the four shared examples: differences (0, 0.5, -0.5, -0.5).
     assert avg.n == 4
     assert avg.mean_diff == pytest.approx(-0.125)
-    assert avg.p_value == pytest.approx(
-        scipy_stats.ttest_rel([1.0, 1.0, 0.5, 0.5], [1.0, 0.5, 1.0, 1.0]).pvalue
-    )
+    assert avg.p_value == pytest.approx(scipy_stats.ttest_rel([1.0, 1.0, 0.5, 0.5], [1.0, 0.5, 1.0, 1.0]).pvalue)
     assert (avg.unpaired_baseline, avg.unpaired_candidate) == (1, 1)
     assert list(table.index.get_level_values("subtask")) == ["s1", "s2", AVERAGE]
 

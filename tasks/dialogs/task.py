@@ -159,9 +159,7 @@ class DialogTask(Task):
         """One dialog, one head, the method's own granularity: the harness's per-example record."""
         scenario = SCENARIOS[example.subtask]
         dialogs = make_dialogs(self.world, scenario, [example.meta["index"]])
-        trace = simulate(
-            self._method(method, per_head=False), dialogs, self.heads, self.retention_threshold, self.seed
-        )
+        trace = simulate(self._method(method, per_head=False), dialogs, self.heads, self.retention_threshold, self.seed)
         metrics = {name: float(value[0]) for name, value in self._metrics(dialogs, trace).items()}
         # One entry holds a key and a value of head_dim float32 numbers.
         entry_bytes = 2 * self.head_dim * 4

@@ -141,4 +141,3 @@ class LongBenchTask(Task):
     def score(self, prediction: str, example: Example) -> dict[str, float]:
         value = metrics.score(example.subtask, prediction, example.answers, example.meta["all_classes"])
         return {"score": value, METRIC[base_name(example.subtask)]: value}
-
