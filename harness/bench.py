@@ -75,6 +75,8 @@ def run(model_name: str, lengths: list[int], rhos: list[float], methods: list[st
     table = pd.DataFrame([asdict(r) for r in rows])
     keys = list(zip(table.length, table.rho, strict=True))
     for reference in ("full", "full@B"):
+        if reference not in set(table.method):
+            continue
         speed = table[table.method == reference].set_index(["length", "rho"]).decode_tok_s
         table[f"x_{reference}"] = [s / speed[k] for s, k in zip(table.decode_tok_s, keys, strict=True)]
     return table
