@@ -31,6 +31,7 @@ from harness.sampling import Sampling
 from harness.summary import summarize
 from harness.wandb_logger import open_logger
 from methods.base import EvictionMethod
+from methods.selection import check_rho
 from tasks.base import Example, Task
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,8 @@ def run_id(cfg: DictConfig, task: Task) -> str:
 
 
 def validate(cfg: DictConfig) -> None:
-    rho = cfg.rho
-    if not isinstance(rho, int | float) or not 0.0 <= float(rho) < 1.0:
-        raise ValueError(f"rho={rho!r} is outside [0, 1): rho is the fraction of the prompt cache evicted")
+    # Checked before anything loads, also for methods without a budget (full).
+    check_rho(cfg.rho)
 
 
 def example_seed(seed: int, example_id: str) -> int:

@@ -11,6 +11,12 @@ from torch import Tensor
 GRANULARITIES = ("token", "layer", "head")
 
 
+def check_rho(rho: object) -> None:
+    """Refuse a compression ratio outside [0, 1)."""
+    if isinstance(rho, bool) or not isinstance(rho, int | float) or not 0.0 <= rho < 1.0:
+        raise ValueError(f"rho={rho!r} is outside [0, 1): rho is the fraction of the prompt cache evicted")
+
+
 def exact_floor(value: float) -> int:
     """Floor of a product of decimal fractions: (1 - 0.9) * 1000 must give 100, not 99."""
     return math.floor(value + 1e-9)
@@ -43,8 +49,7 @@ class Selection:
     granularity: str = "token"
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.rho < 1.0:
-            raise ValueError(f"rho={self.rho} is outside [0, 1): rho is the fraction of the prompt cache evicted")
+        check_rho(self.rho)
         if self.budget_tokens is not None and self.budget_tokens < 1:
             raise ValueError(f"budget_tokens={self.budget_tokens} must be a positive number of cache entries")
         if self.sinks < 0 or self.window < 0:
