@@ -16,11 +16,10 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from harness.config import compose_config
+from harness.config import compose_config, model_spec
 from harness.engine import Engine
-from harness.models import ModelSpec, load_model, load_tokenizer
+from harness.models import load_model, load_tokenizer
 from methods.full import FullCache
 from methods.selection import exact_floor
 from tasks.ruler.task import RulerTask
@@ -58,7 +57,7 @@ def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: fl
 
 
 def run(model_name: str, lengths: list[int], rhos: list[float], methods: list[str], new_tokens: int) -> pd.DataFrame:
-    spec = ModelSpec(**OmegaConf.to_container(compose_config(f"model={model_name}").model, resolve=True))
+    spec = model_spec(model_name)
     tokenizer = load_tokenizer(spec)
     model = load_model(spec)
     rows: list[BenchRow] = []

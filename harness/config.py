@@ -7,6 +7,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from harness.models import ModelSpec
+
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
@@ -14,3 +16,8 @@ def compose_config(*overrides: str, config_name: str = "config") -> DictConfig:
     """The config ``python -m harness.run <overrides>`` would run with."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name, overrides=list(overrides))
+
+
+def model_spec(name: str) -> ModelSpec:
+    """The spec of ``conf/model/<name>.yaml``."""
+    return ModelSpec.from_config(compose_config(f"model={name}").model)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 SOURCES = ("gguf_package", "hub", "random")
@@ -52,6 +53,11 @@ class ModelSpec:
     device_map: str | None = None
     seed: int = 0
     install_hint: str | None = None
+
+    @classmethod
+    def from_config(cls, node: Any) -> ModelSpec:
+        """The spec of a composed ``model`` config node (interpolations resolved)."""
+        return cls(**OmegaConf.to_container(node, resolve=True))
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:

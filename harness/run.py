@@ -175,7 +175,7 @@ def execute(cfg: DictConfig) -> dict[str, Any]:
     task: Task = instantiate(cfg.task)
     method: EvictionMethod = instantiate(cfg.method)
     uses_model = getattr(task, "needs_model", True)
-    spec = ModelSpec(**OmegaConf.to_container(cfg.model, resolve=True)) if uses_model else None
+    spec = ModelSpec.from_config(cfg.model) if uses_model else None
     run = run_id(cfg, task)
     folder = Path(cfg.results_dir) / run
     records = RecordFile(folder / "records.jsonl")

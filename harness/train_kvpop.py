@@ -145,7 +145,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         torch.set_num_threads(int(cfg.threads))
     kvpop, data, opt = cfg.kvpop, cfg.data, cfg.train
     torch.manual_seed(opt.seed)
-    spec = ModelSpec(**OmegaConf.to_container(cfg.model, resolve=True))
+    spec = ModelSpec.from_config(cfg.model)
     model, tokenizer = load_model(spec), load_tokenizer(spec)
     hub = OmegaConf.to_container(data.hub, resolve=True) if data.hub is not None else None
     ids = token_windows(tokenizer, documents(data.file, hub), data.length, data.windows, data.skip)

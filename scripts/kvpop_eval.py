@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
-from harness.config import compose_config
+from harness.config import compose_config, model_spec
 from harness.kvpop.data import documents, token_windows
 from harness.kvpop.loss import candidates, decayed, retention_recall, sample_queries
 from harness.models import ModelSpec, load_model, load_tokenizer
@@ -104,7 +103,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the report as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    spec = ModelSpec(**OmegaConf.to_container(compose_config(f"model={args.model}").model, resolve=True))
+    spec = model_spec(args.model)
     report: dict[str, Any] = {"recall": {}}
     kvpop_methods = []
     for checkpoint in args.checkpoint:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from harness.config import compose_config
-from harness.models import ModelSpec, load_model, load_tokenizer
+from harness.config import compose_config, model_spec
+from harness.models import load_model, load_tokenizer
 
 TINY_MODELS = ("tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_mistral")
 NAMED_METHODS = (
@@ -22,10 +21,6 @@ NAMED_METHODS = (
     "cumulative",
     "single_step",
 )
-
-
-def model_spec(name: str) -> ModelSpec:
-    return ModelSpec(**OmegaConf.to_container(compose_config(f"model={name}").model, resolve=True))
 
 
 def named_method(name: str, *overrides: str):

@@ -6,12 +6,11 @@ import math
 
 import pytest
 import torch
-from conftest import model_spec
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from harness import kv_cache
-from harness.config import compose_config
+from harness.config import compose_config, model_spec
 from harness.engine import Engine
 from harness.kvpop.loss import boundary_loss, sample_queries
 from harness.kvpop.target import future_attention_target

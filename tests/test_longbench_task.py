@@ -7,10 +7,9 @@ from pathlib import Path
 import datasets
 import pytest
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from harness.config import compose_config
-from harness.models import ModelSpec, load_tokenizer
+from harness.config import compose_config, model_spec
+from harness.models import load_tokenizer
 from tasks.base import Example
 from tasks.longbench.protocol import DATASETS, DATASETS_E, MAX_NEW_TOKENS, NO_CHAT_TEMPLATE
 from tasks.longbench.task import LongBenchTask, build_prompt
@@ -21,8 +20,7 @@ FIXTURE_DATASETS = ["narrativeqa", "trec", "samsum", "passage_count", "lcc", "qa
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    config = compose_config("model=smollm2_135m").model
-    return load_tokenizer(ModelSpec(**OmegaConf.to_container(config, resolve=True)))
+    return load_tokenizer(model_spec("smollm2_135m"))
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,9 @@ from pathlib import Path
 import datasets
 import pytest
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from harness.config import compose_config
-from harness.models import ModelSpec, load_tokenizer
+from harness.config import compose_config, model_spec
+from harness.models import load_tokenizer
 from tasks.longbench_v2.protocol import TEMPLATE_0SHOT, extract_answer, fill
 from tasks.longbench_v2.task import LongBenchV2Task
 
@@ -27,8 +26,7 @@ RECORD = {
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    config = compose_config("model=smollm2_135m").model
-    return load_tokenizer(ModelSpec(**OmegaConf.to_container(config, resolve=True)))
+    return load_tokenizer(model_spec("smollm2_135m"))
 
 
 def test_zero_shot_prompt() -> None:

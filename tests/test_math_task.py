@@ -9,10 +9,9 @@ from pathlib import Path
 import datasets
 import pytest
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
-from harness.config import compose_config
-from harness.models import ModelSpec, load_tokenizer
+from harness.config import compose_config, model_spec
+from harness.models import load_tokenizer
 from harness.summary import summarize
 from tasks.math.sources import SOURCES
 from tasks.math.task import INSTRUCTION, MathTask, build_prompt, pass_at_1
@@ -26,8 +25,7 @@ THINKING_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    config = compose_config("model=smollm2_135m").model
-    return load_tokenizer(ModelSpec(**OmegaConf.to_container(config, resolve=True)))
+    return load_tokenizer(model_spec("smollm2_135m"))
 
 
 def task(*competitions: str, **options) -> MathTask:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import huggingface_hub.constants
 import pytest
 import torch
-from conftest import model_spec
 
 from harness import models
+from harness.config import model_spec
 from harness.models import ModelSpec, load_model, resolve_dtype
 
 

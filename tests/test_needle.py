@@ -7,11 +7,10 @@ from typing import Any
 
 import hydra.utils
 import pytest
-from omegaconf import OmegaConf
 from rouge_score import rouge_scorer
 
-from harness.config import compose_config
-from harness.models import ModelSpec, load_tokenizer
+from harness.config import compose_config, model_spec
+from harness.models import load_tokenizer
 from tasks.needle.task import NEEDLE, QUESTION, NeedleTask, normalize, rouge_l_f
 
 HEADER = "Below is a long text. Somewhere in it is a sentence that answers the question asked after it.\n\n"
@@ -20,7 +19,7 @@ FOOTER = f"\n\nUsing only the text above, answer this question in one sentence: 
 
 @pytest.fixture(scope="module")
 def tok() -> Any:
-    spec = ModelSpec(**OmegaConf.to_container(compose_config("model=smollm2_135m").model, resolve=True))
+    spec = model_spec("smollm2_135m")
     return load_tokenizer(spec)
 
 

@@ -10,12 +10,11 @@ from typing import Any
 import hydra.utils
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from harness import kv_cache
-from harness.config import compose_config
+from harness.config import compose_config, model_spec
 from harness.engine import Engine
-from harness.models import ModelSpec, load_tokenizer
+from harness.models import load_tokenizer
 from methods.full import FullCache
 from tasks.perplexity.task import PerplexityTask
 from tests.conftest import named_method
@@ -25,7 +24,7 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures/ppl/wikitext_test.jsonl"
 
 @pytest.fixture(scope="module")
 def tok() -> Any:
-    spec = ModelSpec(**OmegaConf.to_container(compose_config("model=smollm2_135m").model, resolve=True))
+    spec = model_spec("smollm2_135m")
     return load_tokenizer(spec)
 
 

@@ -10,7 +10,8 @@ import hydra.utils
 import pytest
 from omegaconf import OmegaConf
 
-from harness.models import ModelSpec, load_tokenizer
+from harness.config import model_spec
+from harness.models import load_tokenizer
 from tasks.ruler.niah import NEEDLE, NOISE, SUBTASKS, TOKENS_TO_GENERATE
 from tasks.ruler.scoring import string_match_all, string_match_part
 from tasks.ruler.task import RulerTask
@@ -24,7 +25,7 @@ UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-
 
 @pytest.fixture(scope="module")
 def tok() -> Any:
-    spec = ModelSpec(**OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model/smollm2_135m.yaml")))
+    spec = model_spec("smollm2_135m")
     return load_tokenizer(spec)
 
 

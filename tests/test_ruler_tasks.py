@@ -10,10 +10,9 @@ from typing import Any
 
 import hydra.utils
 import pytest
-from omegaconf import OmegaConf
 
-from harness.config import compose_config
-from harness.models import ModelSpec, load_tokenizer
+from harness.config import compose_config, model_spec
+from harness.models import load_tokenizer
 from tasks.ruler import common_words, freq_words, qa, variable_tracking
 from tasks.ruler.task import PAPER, RulerTask
 
@@ -56,7 +55,7 @@ NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. The
 
 @pytest.fixture(scope="module")
 def tok() -> Any:
-    spec = ModelSpec(**OmegaConf.to_container(compose_config("model=smollm2_135m").model, resolve=True))
+    spec = model_spec("smollm2_135m")
     return load_tokenizer(spec)
 
 
