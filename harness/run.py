@@ -31,6 +31,7 @@ from harness.sampling import Sampling
 from harness.summary import summarize
 from harness.wandb_logger import open_logger
 from methods.base import EvictionMethod
+from methods.full import FullCache
 from methods.selection import check_rho
 from tasks.base import Example, Task
 
@@ -89,6 +90,10 @@ RECORD_FIELDS = (
 )  # fmt: skip
 
 
+# What a record keeps of a protocol's second, full-cache generation (``Task.follow_up``).
+ANSWER_PASS_FIELDS = ("prefill_len", "new_tokens", "prefill_s", "decode_s")
+
+
 def model_name(cfg: DictConfig, task: Task) -> str:
     """The evaluated model, or ``world`` for tasks that simulate their own attention (dialogs)."""
     return cfg.model.name if getattr(task, "needs_model", True) else "world"
@@ -134,15 +139,17 @@ def model_runner(
     timings are not comparable with a plain run).
     """
     model = load_model(spec)
-    engine = Engine(model, method, Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True)))
+    sampling = Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True))
+    engine = Engine(model, method, sampling)
     # Attached before the first sequence: the recorder wraps the method's scorer.
     recorder = RetentionRecorder.attach(engine) if cfg.diagnostics else None
     for example in todo:
         engine.check(len(example.input_ids), example.max_new_tokens)
     stops = stop_token_ids(model, tokenizer)
+    answer_engine = Engine(model, FullCache(), sampling)
 
-    def run_one(example: Example) -> dict[str, Any]:
-        generation = engine.generate(
+    def generate(on: Engine, example: Example) -> Any:
+        return on.generate(
             example.input_ids,
             example.max_new_tokens,
             stop_token_ids=stops | set(example.stop_token_ids),
@@ -151,18 +158,24 @@ def model_runner(
             forced=example.forced_ids,
             min_new_tokens=example.min_new_tokens,
         )
+
+    def run_one(example: Example) -> dict[str, Any]:
+        generation = generate(engine, example)
         if recorder is not None:
             recorder.write(folder, example.example_id, example.subtask)
         prediction = tokenizer.decode(generation.tokens, skip_special_tokens=True)
-        if example.forced_ids is None:
-            metrics = task.score(prediction, example)
-        else:
+        outcome = {name: getattr(generation, name) for name in RECORD_FIELDS[2:] if hasattr(generation, name)}
+        if example.forced_ids is not None:
             metrics = task.score_logprobs(generation.target_logprobs, example)
-        return {
-            "prediction": prediction,
-            "metrics": metrics,
-            **{name: getattr(generation, name) for name in RECORD_FIELDS[2:] if hasattr(generation, name)},
-        }
+        else:
+            follow_up = task.follow_up(tokenizer, example, prediction)
+            if follow_up is not None:
+                answer = generate(answer_engine, follow_up)
+                outcome["first_prediction"] = prediction
+                outcome["answer_pass"] = {name: getattr(answer, name) for name in ANSWER_PASS_FIELDS}
+                prediction, example = tokenizer.decode(answer.tokens, skip_special_tokens=True), follow_up
+            metrics = task.score(prediction, example)
+        return {"prediction": prediction, "metrics": metrics, **outcome}
 
     return run_one, model.device
 

@@ -70,6 +70,15 @@ class Task(ABC):
         """Strings that end generation early (beyond the model's end-of-turn token)."""
         return []
 
+    def follow_up(self, tokenizer: Any, example: Example, prediction: str) -> Example | None:
+        """A second, document-free generation the protocol makes from ``prediction``, or None.
+
+        LongBench-v2's CoT protocol asks for the answer letter in a separate call that shows the
+        question and the first call's reasoning. The harness runs it with the full cache (the
+        method under test already shaped the reasoning) and scores its output instead.
+        """
+        return None
+
 
 def require_int(field_name: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
     """Refuse a task option that is not an integer >= ``minimum`` (``None`` too when ``optional``)."""

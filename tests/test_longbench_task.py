@@ -203,7 +203,7 @@ def test_unreachable_hub_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(RuntimeError) as error:
         LongBenchTask(datasets=["trec"]).records("trec")
     message = str(error.value)
-    assert "zai-org/LongBench@refs/convert/parquet" in message and "data_dir=trec" in message
+    assert "zai-org/LongBench@36914d6211386125c6fc4ce7db4a6a777fadd34c" in message and "data_dir=trec" in message
     assert "task.data_dir=" in message and "trec.jsonl" in message
 
 

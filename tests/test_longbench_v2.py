@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import datasets
@@ -9,7 +10,10 @@ import pytest
 from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
-from harness.models import load_tokenizer
+from harness.engine import Engine
+from harness.models import ModelSpec, load_model, load_tokenizer
+from harness.run import execute, stop_token_ids
+from methods.full import FullCache
 from tasks.longbench_v2.protocol import TEMPLATE_0SHOT, extract_answer, fill
 from tasks.longbench_v2.task import LongBenchV2Task
 
@@ -82,6 +86,45 @@ def test_cot(tokenizer) -> None:
     example = LongBenchV2Task(data_dir=str(FIXTURES), cot=True, n=1).examples(tokenizer)[0]
     assert example.max_new_tokens == 1024
     assert "(D) Nobody\n\nLet\u2019s think step by step:<|im_end|>" in tokenizer.decode(example.input_ids)
+
+
+def test_cot_answer_pass(tokenizer) -> None:
+    task = LongBenchV2Task(data_dir=str(FIXTURES), cot=True, n=1)
+    [example] = task.examples(tokenizer)
+    answer = task.follow_up(tokenizer, example, "  The mill passes to the nephew.\n")
+    assert answer.example_id == f"{example.example_id}/answer" and answer.answers == example.answers == ["B"]
+    assert answer.max_new_tokens == 128
+    user = tokenizer.decode(answer.input_ids).split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+    assert user == (
+        "Please read the following text and answer the questions below.\n\nThe text is too long and omitted here."
+        "\n\nWhat is the correct answer to this question: Who buys the mill?\nChoices:\n(A) The glacier guide\n"
+        "(B) Ilse's nephew\n(C) The mayor\n(D) Nobody\n\nLet\u2019s think step by step: The mill passes to the "
+        "nephew.\n\nBased on the above, what is the single, most likely answer choice? Format your response as "
+        'follows: "The correct answer is (insert answer here)".'
+    )
+    # No reasoning, no answer pass (pred.py drops the question; here it scores 0); 0-shot has none.
+    assert task.follow_up(tokenizer, example, " \n") is None
+    [zero_shot] = LongBenchV2Task(data_dir=str(FIXTURES), n=1).examples(tokenizer)
+    assert LongBenchV2Task(data_dir=str(FIXTURES), n=1).follow_up(tokenizer, zero_shot, "Reasoning.") is None
+
+
+def test_cot_runs_both_passes_through_the_harness(tmp_path: Path, tokenizer) -> None:
+    overrides = ("model=tiny_llama", "task=longbench_v2", f"task.data_dir={FIXTURES}", "task.cot=true", "task.n=1")
+    cfg = compose_config(*overrides, "method=inertia", "rho=0.5", "threads=1", f"results_dir={tmp_path}")
+    summary = execute(cfg)
+    [record] = [json.loads(line) for line in (tmp_path / summary["run_id"] / "records.jsonl").read_text().splitlines()]
+    task = instantiate(cfg.task)
+    [example] = task.examples(tokenizer)
+    reasoning = record["meta"]["first_prediction"]
+    assert record["prefill_len"] == len(example.input_ids) and record["budget"] == len(example.input_ids) // 2
+    answer = task.follow_up(tokenizer, example, reasoning)
+    assert answer is not None and record["meta"]["answer_pass"]["prefill_len"] == len(answer.input_ids)
+    # The answer pass is the full-cache generation from the reasoning, and it is what gets scored.
+    model = load_model(ModelSpec.from_config(cfg.model))
+    full = Engine(model, FullCache()).generate(answer.input_ids, 128, stop_token_ids=stop_token_ids(model, tokenizer))
+    assert record["prediction"] == tokenizer.decode(full.tokens, skip_special_tokens=True)
+    assert record["meta"]["answer_pass"]["new_tokens"] == full.new_tokens
+    assert record["metrics"] == {"acc": float(extract_answer(record["prediction"].strip()) == "B")}
 
 
 def test_truncation_keeps_the_larger_half_at_the_end(tokenizer) -> None:

@@ -183,7 +183,7 @@ def test_validation() -> None:
 def test_identity_is_protocol_only() -> None:
     a = RulerTask(tasks=["niah_single_1"], lengths=[512], n=3)
     b = RulerTask(tasks=["niah_single_1", "niah_multikey_2"], lengths=[512, 1024], n=7)
-    assert a.identity() == b.identity() == {"seed": 0, "chat_template": True, "haystack_file": None}
+    assert a.identity() == b.identity() == {"seed": 42, "chat_template": True, "haystack_file": None}
     assert RulerTask(seed=3).identity() != a.identity()
     assert RulerTask.name == "ruler"
 
@@ -192,6 +192,6 @@ def test_hydra_config_instantiates() -> None:
     cfg = OmegaConf.load(ROOT / "conf/task/ruler.yaml")
     task = hydra.utils.instantiate(cfg)
     assert isinstance(task, RulerTask)
-    assert (task.tasks, task.lengths, task.n, task.seed) == (["niah_single_1"], [1024], 10, 0)
+    assert (task.tasks, task.lengths, task.n, task.seed) == (["niah_single_1"], [1024], 10, 42)
     assert task.chat_template is True and task.haystack_file is None
     assert type(task.tasks) is list and type(task.lengths) is list

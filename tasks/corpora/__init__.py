@@ -79,7 +79,12 @@ def load_rows(
     try:
         return datasets.load_dataset(path, name, split=split, revision=revision)
     except Exception as error:  # datasets raises several unrelated types when offline
-        where = f"{path}" + (f" ({name})" if name else "") + f", split {split!r}"
+        where = (
+            f"{path}"
+            + (f" ({name})" if name else "")
+            + f", split {split!r}"
+            + (f", revision {revision}" if revision else "")
+        )
         raise RuntimeError(
             f"could not load {where} from the Hugging Face hub: {error}. Run once with network access "
             f"to fill the datasets cache (HF_HUB_OFFLINE unset), or pass {option}=path/to/file.jsonl, a local "

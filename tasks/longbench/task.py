@@ -46,7 +46,7 @@ class LongBenchTask(Task):
             7500 for 8k, 31500 for 32k).
         chat_template: wrap the prompt in the tokenizer's chat template (where the dataset gets one).
         hub_id: hub dataset holding a parquet copy, one data directory per dataset.
-        revision: the hub revision to read (pin a commit for strict reproducibility).
+        revision: the hub revision to read (default: a pinned commit of the parquet conversion).
         data_dir: local folder with ``<dataset>.jsonl`` files in the hub schema (the official
             ``data.zip``); used instead of the hub when set.
     """
@@ -58,7 +58,7 @@ class LongBenchTask(Task):
     max_length: int = 4096
     chat_template: bool = True
     hub_id: str = "zai-org/LongBench"
-    revision: str | None = "refs/convert/parquet"
+    revision: str | None = "36914d6211386125c6fc4ce7db4a6a777fadd34c"
     data_dir: str | None = None
 
     def __post_init__(self) -> None:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import re
 
-# prompts/0shot.txt and prompts/0shot_cot.txt, verbatim (no final newline). The CoT answer pass
-# (prompts/0shot_cot_ans.txt) needs a second generation, which the task interface does not have.
+# prompts/0shot.txt, prompts/0shot_cot.txt and prompts/0shot_cot_ans.txt, verbatim (no final newline).
 TEMPLATE_0SHOT = (
     "Please read the following text and answer the question below.\n"
     "\n"
@@ -38,8 +37,26 @@ TEMPLATE_0SHOT_COT = (
     "\n"
     "Let’s think step by step:"
 )
+# The CoT answer pass: no document; $COT$ is the stripped reasoning of the first pass.
+TEMPLATE_0SHOT_COT_ANS = (
+    "Please read the following text and answer the questions below.\n"
+    "\n"
+    "The text is too long and omitted here.\n"
+    "\n"
+    "What is the correct answer to this question: $Q$\n"
+    "Choices:\n"
+    "(A) $C_A$\n"
+    "(B) $C_B$\n"
+    "(C) $C_C$\n"
+    "(D) $C_D$\n"
+    "\n"
+    "Let’s think step by step: $COT$\n"
+    "\n"
+    "Based on the above, what is the single, most likely answer choice? Format your response as follows: "
+    '"The correct answer is (insert answer here)".'
+)
 
-# pred.py: max_new_tokens of the 0-shot answer and of the CoT reasoning pass.
+# pred.py: max_new_tokens of the 0-shot answer (and of the CoT answer pass) and of the CoT reasoning pass.
 MAX_NEW_TOKENS = 128
 MAX_NEW_TOKENS_COT = 1024
 

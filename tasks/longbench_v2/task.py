@@ -10,16 +10,22 @@ Every record has the subtask ``longbench_v2``, so the harness's overall mean is 
 overall accuracy; ``meta`` carries ``difficulty`` (easy/hard), ``length`` (short/medium/long),
 ``domain`` and ``sub_domain`` for result.py's breakdowns.
 
-``cot=True`` runs the first CoT pass only (0shot_cot.txt, 1024 new tokens) and applies the
-answer regex to that reasoning. The official protocol then makes a second, document-free call
-(0shot_cot_ans.txt: the question, the reasoning, and "what is the single, most likely answer
-choice?") and extracts the letter from it; one example is one generation here, so a reasoning
-that never states "The correct answer is ..." scores 0 where the second pass might rescue it.
+``cot=True`` follows pred.py's two calls: the reasoning pass (0shot_cot.txt, 1024 new tokens)
+under the method being evaluated, then the document-free answer pass (0shot_cot_ans.txt: the
+question, the stripped reasoning, "what is the single, most likely answer choice?", 128 new
+tokens, truncated like any prompt), whose output the regex reads. The answer pass runs with
+the full cache: it holds no document, so a score difference between methods comes from how
+they read the document. The record's ``prediction`` is the answer pass's output and
+``meta.first_prediction`` the reasoning. An empty reasoning gets no answer pass and scores 0
+(pred.py drops the question).
+
+pred.py samples every call at temperature 0.1; ``sampling.temperature=0.1`` reproduces that,
+the harness's default is greedy.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,6 +37,7 @@ from tasks.longbench_v2.protocol import (
     MAX_NEW_TOKENS_COT,
     TEMPLATE_0SHOT,
     TEMPLATE_0SHOT_COT,
+    TEMPLATE_0SHOT_COT_ANS,
     extract_answer,
     fill,
 )
@@ -57,7 +64,7 @@ class LongBenchV2Task(Task):
     """LongBench-v2's 503 multiple-choice questions.
 
     Parameters:
-        cot: chain-of-thought template (first official pass only, see the module docstring).
+        cot: chain-of-thought template and the answer pass (see the module docstring).
         n: first ``n`` questions (``None``: all 503).
         max_length: prompt tokens kept by middle truncation; the official value is 120000
             (``config/model2maxlen.json`` for 128k-context models).
@@ -76,6 +83,8 @@ class LongBenchV2Task(Task):
     hub_id: str = "zai-org/LongBench-v2"
     revision: str | None = "2b48e494f2c7a2f0af81aae178e05c7e1dde0fe9"
     data_dir: str | None = None
+    # CoT answer-pass prompts by example id, all but the reasoning filled in by ``build``.
+    _answer_templates: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         require_int("n", self.n, optional=True)
@@ -114,13 +123,18 @@ class LongBenchV2Task(Task):
                 raise ValueError(f"LongBench-v2 records lack the hub fields {missing}")
         return rows if self.n is None else rows[: self.n]
 
+    def _encode(self, tokenizer: Any, prompt: str) -> tuple[list[int], bool]:
+        prompt, truncated = truncate_middle(tokenizer, prompt, self.max_length, tail_rounds_up=True)
+        return encode(tokenizer, prompt, chat=self.chat_template), truncated
+
     def build(self, tokenizer: Any, record: dict[str, Any]) -> Example:
         """One question -> an example under the official protocol."""
-        prompt = fill(TEMPLATE_0SHOT_COT if self.cot else TEMPLATE_0SHOT, record)
-        prompt, truncated = truncate_middle(tokenizer, prompt, self.max_length, tail_rounds_up=True)
-        ids = encode(tokenizer, prompt, chat=self.chat_template)
+        example_id = f"{SUBTASK}/{record['_id']}"
+        if self.cot:
+            self._answer_templates[example_id] = fill(TEMPLATE_0SHOT_COT_ANS, record)
+        ids, truncated = self._encode(tokenizer, fill(TEMPLATE_0SHOT_COT if self.cot else TEMPLATE_0SHOT, record))
         return Example(
-            example_id=f"{SUBTASK}/{record['_id']}",
+            example_id=example_id,
             subtask=SUBTASK,
             input_ids=ids,
             answers=[record["answer"]],
@@ -133,6 +147,20 @@ class LongBenchV2Task(Task):
                 "prompt_tokens": len(ids),
                 "truncated": truncated,
             },
+        )
+
+    def follow_up(self, tokenizer: Any, example: Example, prediction: str) -> Example | None:
+        """The CoT answer pass over the stripped reasoning; none for 0-shot or an empty reasoning."""
+        reasoning = prediction.strip()
+        if not self.cot or not reasoning:
+            return None
+        ids, _ = self._encode(tokenizer, self._answer_templates[example.example_id].replace("$COT$", reasoning))
+        return Example(
+            example_id=f"{example.example_id}/answer",
+            subtask=SUBTASK,
+            input_ids=ids,
+            answers=example.answers,
+            max_new_tokens=MAX_NEW_TOKENS,
         )
 
     def examples(self, tokenizer: Any) -> list[Example]:

@@ -33,10 +33,28 @@ class Source:
 # HuggingFaceH4/aime_2024: id (int), problem, solution, answer (str), url, year -- 30 problems of AIME I
 # and II 2024, the copy lighteval and open-r1 read. MathArena/*: problem_idx (int, 1-30), problem, answer
 # (str), problem_type (list of str) -- MathArena's verified LaTeX transcriptions of the 2025 contests.
-# Revisions name the branch; pin a commit per competition with task.revisions.<competition>=<sha>.
+# Revisions are pinned commits; task.revisions.<competition>=<sha or branch> reads another one.
 SOURCES: dict[str, Source] = {
-    "aime_2024": Source("HuggingFaceH4/aime_2024", "main", "train", "id", "problem", "answer"),
-    "aime_2025": Source("MathArena/aime_2025", "main", "train", "problem_idx", "problem", "answer"),
-    "hmmt_feb_2025": Source("MathArena/hmmt_feb_2025", "main", "train", "problem_idx", "problem", "answer"),
-    "hmmt_nov_2025": Source("MathArena/hmmt_nov_2025", "main", "train", "problem_idx", "problem", "answer"),
+    "aime_2024": Source(
+        "HuggingFaceH4/aime_2024", "2fe88a2f1091d5048c0f36abc874fb997b3dd99a", "train", "id", "problem", "answer"
+    ),
+    "aime_2025": Source(
+        "MathArena/aime_2025", "c94da77eb22bbd6439e62a323bec18493a421302", "train", "problem_idx", "problem", "answer"
+    ),
+    "hmmt_feb_2025": Source(
+        "MathArena/hmmt_feb_2025",
+        "6fdc4277120810ff75aa22d2d5489b91f7a262a1",
+        "train",
+        "problem_idx",
+        "problem",
+        "answer",
+    ),
+    "hmmt_nov_2025": Source(
+        "MathArena/hmmt_nov_2025",
+        "118dbfb45c4c9467c672268ed55166642897aa46",
+        "train",
+        "problem_idx",
+        "problem",
+        "answer",
+    ),
 }

@@ -8,17 +8,16 @@ the common words. Below 4096 tokens RULER lowers the repeats to 6 and 1 and show
 list of 20 words (3 and 1 repeats), from 4096 on one of 40 words (10 and 3 repeats). The
 haystack unit is a distinct word.
 
+The words come from the ``wonderwords`` noun, adjective and verb lists, as in RULER, and
+every list is shuffled with RULER's fixed seed (see ``tasks/ruler/task.py``).
+
 Where we differ, and why:
-- RULER draws words from the ``wonderwords`` noun, adjective and verb lists and, when a
-  list needs more words than those hold, from its ``english_words.json``. We draw from our
-  own adjective and noun lists (``tasks/ruler/words.py``) and, beyond them, from the
-  distinct lower-case words of the bundled public-domain corpus, so no extra dependency or
-  download is needed.
+- When a list needs more distinct words than wonderwords holds (8169, around 100k tokens),
+  RULER samples from its own ``english_words.json`` instead; we extend the wonderwords pool
+  with the distinct lower-case words of the bundled public-domain corpus.
 - The solved list is an earlier user/assistant exchange in the chat template (RULER
   concatenates two fully templated prompts with a newline, which is the same conversation
   written out by hand); without a chat template the text is RULER's exactly.
-- RULER shuffles every list with the same fixed seed; each example here uses its own
-  generator (see ``tasks/ruler/niah.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from functools import cache
 
 from tasks.corpora import read_text
 from tasks.ruler.fit import Sample
-from tasks.ruler.words import ADJECTIVES, NOUNS
+from tasks.ruler.words import wonderwords_list
 
 TOKENS_TO_GENERATE = 120
 TEMPLATE = (
@@ -65,14 +64,19 @@ class CweConfig:
 
 
 @cache
+def _wonderwords() -> tuple[str, ...]:
+    return tuple(sorted({word for name in ("noun", "adjective", "verb") for word in wonderwords_list(name)}))
+
+
+@cache
 def _corpus_words() -> tuple[str, ...]:
     words = set(re.findall(r"\b[a-z]{3,}\b", read_text(None, "corpus")))
-    return tuple(sorted(words - set(ADJECTIVES) - set(NOUNS)))
+    return tuple(sorted(words - set(_wonderwords())))
 
 
 def word_pool(count: int) -> tuple[str, ...]:
-    """Our word lists, extended by the bundled corpus' vocabulary when ``count`` exceeds them."""
-    base = tuple(sorted(set(ADJECTIVES) | set(NOUNS)))
+    """RULER's wonderwords pool, extended by the bundled corpus' vocabulary when ``count`` exceeds it."""
+    base = _wonderwords()
     pool = base if count <= len(base) else base + _corpus_words()
     if count > len(pool):
         raise ValueError(f"cwe needs {count} distinct words but the word pool holds {len(pool)}")
@@ -84,21 +88,23 @@ def numbered(words: list[str]) -> str:
     return " ".join(f"{i + 1}. {word}" for i, word in enumerate(words))
 
 
-def word_list(num_words: int, common: int, uncommon: int, num_cw: int, rng: random.Random) -> tuple[str, list[str]]:
-    """A shuffled numbered list of ``num_words`` distinct words and its ``num_cw`` common words."""
+def word_list(
+    num_words: int, common: int, uncommon: int, num_cw: int, rng: random.Random, shuffle_seed: int
+) -> tuple[str, list[str]]:
+    """A numbered list of ``num_words`` distinct words (shuffled with ``shuffle_seed``) and its common words."""
     words = rng.sample(word_pool(num_words), num_words)
     frequent, rare = words[:num_cw], words[num_cw:]
     entries = frequent * common + rare * uncommon
-    rng.shuffle(entries)
+    random.Random(shuffle_seed).shuffle(entries)
     return numbered(entries), frequent
 
 
-def synthesize(config: CweConfig, length: int, num_words: int, rng: random.Random) -> Sample:
+def synthesize(config: CweConfig, length: int, num_words: int, rng: random.Random, shuffle_seed: int) -> Sample:
     """A cwe prompt of ``num_words`` distinct words, preceded by RULER's solved list."""
     shot_words, shot_common, shot_uncommon = config.shot(length)
-    shot_context, shot_answers = word_list(shot_words, shot_common, shot_uncommon, config.num_cw, rng)
+    shot_context, shot_answers = word_list(shot_words, shot_common, shot_uncommon, config.num_cw, rng, shuffle_seed)
     common, uncommon = config.repeats(length)
-    context, answers = word_list(num_words, common, uncommon, config.num_cw, rng)
+    context, answers = word_list(num_words, common, uncommon, config.num_cw, rng, shuffle_seed)
     shot = (TEMPLATE.format(context=shot_context), f"{ANSWER_PREFIX} {numbered(shot_answers)}")
     return Sample(
         prompt=TEMPLATE.format(context=context),

@@ -5,13 +5,12 @@ Follows NVIDIA RULER (``scripts/data/synthetic/freq_words_extraction.py``,
 vocabulary of ``(length - 50) // 50`` random six-letter "coded" words, shuffled, whose rank-k
 word appears ``int(num_words * k**-alpha / zeta(alpha))`` times; the top-ranked word is
 replaced by ``...`` (noise the question tells the model to ignore), so the answers are the
-words of ranks 2-4. The haystack unit is ``num_words``, the nominal list size.
+words of ranks 2-4. The vocabulary and the word list are shuffled with RULER's fixed seed
+(see ``tasks/ruler/task.py``). The haystack unit is ``num_words``, the nominal list size.
 
 Where we differ, and why:
 - RULER grows ``num_words`` linearly in steps of 1/32 of the length until the prompt
   overflows; we use the shared bisection (``tasks/ruler/fit.py``), which fits more tightly.
-- RULER shuffles the vocabulary and the word list with the same fixed seed for every sample;
-  each example here uses its own generator (see ``tasks/ruler/niah.py``).
 - Lengths so short that ranks 2-5 would not get distinct counts are refused: the answer
   would be ambiguous.
 """
@@ -69,17 +68,17 @@ class FweConfig:
             num += 1
 
 
-def synthesize(config: FweConfig, length: int, num_words: int, rng: random.Random) -> Sample:
+def synthesize(config: FweConfig, length: int, num_words: int, rng: random.Random, shuffle_seed: int) -> Sample:
     """An fwe prompt whose coded text has the rank counts of ``num_words``."""
     size = config.vocab_size(length)
     vocab: set[str] = set()
     while len(vocab) < size:
         vocab.add("".join(rng.choices(string.ascii_lowercase, k=WORD_LENGTH)))
     ranked = sorted(vocab)
-    rng.shuffle(ranked)
+    random.Random(shuffle_seed).shuffle(ranked)
     ranked[0] = NOISE_WORD
     words = [word for word, count in zip(ranked, config.counts(num_words, size), strict=True) for _ in range(count)]
-    rng.shuffle(words)
+    random.Random(shuffle_seed).shuffle(words)
     return Sample(
         prompt=TEMPLATE.format(context=" ".join(words)),
         answer_prefix=ANSWER_PREFIX,

@@ -9,14 +9,15 @@ subtasks (``tasks/ruler/fit.py``).
 
 Where we differ, and why:
 - Every example draws from its own ``random.Random`` seeded by (seed, subtask, length,
-  index), so a run with more examples extends a smaller one instead of reshuffling it.
+  index), so a run with more examples extends a smaller one instead of reshuffling it. The
+  needle order keeps RULER's fixed-seed shuffle (see ``tasks/ruler/task.py``).
+- Word keys are an adjective and a noun drawn independently from the wonderwords lists, a
+  uniform draw over the pairs RULER lists, without building its 6-million-entry list.
 - When an example overflows the length found by the search, RULER drops a fixed step of
   haystack (5-500 units) and resamples; we drop an estimate of the overflow in units and
   keep the example's keys and values, so prompts stay within a few tokens of the target.
 - The search's lower bound is one haystack unit, not RULER's step, so short lengths with
   long needles (uuids at 512 tokens) still fit instead of looping forever.
-- ``needle`` haystacks reject distractor keys equal to a real key: our word lists are
-  smaller than wonderwords', and such a collision would make the question ambiguous.
 - RULER splits essays into sentences with nltk's punkt model, which needs a download; we
   split after sentence-final punctuation followed by whitespace.
 """
@@ -29,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 
 from tasks.ruler.fit import Sample
-from tasks.ruler.words import ADJECTIVES, NOUNS
+from tasks.ruler.words import wonderwords_list
 
 TOKENS_TO_GENERATE = 128
 TEMPLATE = (
@@ -106,7 +107,7 @@ def random_value(kind: str, rng: random.Random) -> str:
     if kind == "numbers":
         return str(rng.randint(10**6, 10**7 - 1))
     if kind == "words":
-        return f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
+        return f"{rng.choice(wonderwords_list('adjective'))}-{rng.choice(wonderwords_list('noun'))}"
     if kind == "uuids":
         return str(uuid.UUID(int=rng.getrandbits(128), version=4))
     raise ValueError(f"needle type {kind!r} is not one of {NEEDLE_TYPES}")
@@ -122,18 +123,19 @@ def split_sentences(text: str) -> list[str]:
 
 
 def _noise_or_needle_context(
-    config: NiahConfig, needles: list[str], keys: list[str], num_haystack: int, rng: random.Random
+    config: NiahConfig, needles: list[str], num_haystack: int, rng: random.Random
 ) -> tuple[str, list[float]]:
     if config.haystack == "noise":
         sentences = [NOISE] * num_haystack
     else:
-        sentences = []
-        for _ in range(num_haystack):
-            key = random_value(config.type_needle_k, rng)
-            while key in keys:
-                key = random_value(config.type_needle_k, rng)
-            value = random_value(config.type_needle_v, rng)
-            sentences.append(NEEDLE.format(type_needle_v=config.type_needle_v, key=key, value=value))
+        sentences = [
+            NEEDLE.format(
+                type_needle_v=config.type_needle_v,
+                key=random_value(config.type_needle_k, rng),
+                value=random_value(config.type_needle_v, rng),
+            )
+            for _ in range(num_haystack)
+        ]
     positions = sorted(rng.sample(range(num_haystack), len(needles)), reverse=True)
     # Inserting from the back keeps the earlier positions valid.
     for position, needle in zip(positions, needles, strict=True):
@@ -159,10 +161,13 @@ def _essay_context(
     return " ".join(parts), depths
 
 
-def synthesize(config: NiahConfig, num_haystack: int, rng: random.Random, words: list[str] | None = None) -> NiahSample:
+def synthesize(
+    config: NiahConfig, num_haystack: int, rng: random.Random, shuffle_seed: int, words: list[str] | None = None
+) -> NiahSample:
     """Draw needles and build the RULER prompt around a haystack of ``num_haystack`` units.
 
-    ``words`` is the essay corpus (``essay_words``), required for essay haystacks.
+    ``shuffle_seed`` orders the needles (RULER's fixed-seed shuffle); ``words`` is the essay
+    corpus (``essay_words``), required for essay haystacks.
     """
     keys: list[str] = []
     values: list[list[str]] = []
@@ -171,14 +176,14 @@ def synthesize(config: NiahConfig, num_haystack: int, rng: random.Random, words:
         keys.append(random_value(config.type_needle_k, rng))
         values.append([random_value(config.type_needle_v, rng) for _ in range(config.num_needle_v)])
         needles.extend(NEEDLE.format(type_needle_v=config.type_needle_v, key=keys[-1], value=v) for v in values[-1])
-    rng.shuffle(needles)
+    random.Random(shuffle_seed).shuffle(needles)
 
     if config.haystack == "essay":
         if not words:
             raise ValueError("the essay haystack needs a non-empty corpus")
         context, depths = _essay_context(needles, words, num_haystack, rng)
     else:
-        context, depths = _noise_or_needle_context(config, needles, keys, num_haystack, rng)
+        context, depths = _noise_or_needle_context(config, needles, num_haystack, rng)
 
     queried = rng.sample(range(config.num_keys), config.num_needle_q)
     queries = [keys[i] for i in queried]

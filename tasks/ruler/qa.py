@@ -2,9 +2,11 @@
 
 Follows NVIDIA RULER (``scripts/data/synthetic/qa.py``, ``scripts/synthetic.yaml``
 ``qa_1: dataset squad``, ``qa_2: dataset hotpotqa``, ``scripts/data/synthetic/constants.py``):
-the question's golden paragraph(s), then the other paragraphs of the same article (SQuAD),
-then random paragraphs of the whole dev set fill the length; the documents are shuffled and
-written ``Document N:\\n<text>`` separated by blank lines. SQuAD keeps answerable questions
+the question's paragraph(s), then the other paragraphs of the same article (SQuAD), then
+random paragraphs of the whole dev set fill the length; the documents are shuffled with
+RULER's fixed seed (see ``tasks/ruler/task.py``: at a given document count the golden
+paragraph sits at the same position in every example, as in RULER) and written
+``Document N:\\n<text>`` separated by blank lines. SQuAD keeps answerable questions
 only and every gold answer counts; HotpotQA paragraphs are ``title\\n<sentences joined>``.
 Example ``i`` asks the dev set's ``i``-th (answerable) question, as RULER does. The haystack
 unit is one document.
@@ -13,13 +15,10 @@ Data comes from the hub through ``datasets`` (``rajpurkar/squad_v2`` validation,
 ``hotpotqa/hotpot_qa`` distractor validation), or from a local file in the hub's schema.
 
 Where we differ, and why:
-- RULER shuffles the documents with the same fixed seed for every sample, so at a given
-  document count the golden paragraph sits at the same position in every example; each
-  example here shuffles with its own generator (see ``tasks/ruler/niah.py``).
-- RULER treats all ten distractor-setting paragraphs of a HotpotQA question as golden and
-  cannot build a prompt with fewer than ten documents. We keep the supporting-fact
-  paragraphs golden and use the other eight like SQuAD's same-article paragraphs: identical
-  prompts whenever ten documents fit, and short lengths still work.
+- RULER always puts all ten distractor-setting paragraphs of a HotpotQA question in the
+  prompt and cannot build one with fewer than ten documents. When fewer fit, we keep the
+  supporting-fact paragraphs and a random draw of the other eight, so short lengths work;
+  from ten documents on the selection is RULER's.
 """
 
 from __future__ import annotations
@@ -46,17 +45,20 @@ STEP = 10
 
 @dataclass(frozen=True)
 class QaSource:
-    """Where one qa subtask's dev set lives on the hub."""
+    """Where one qa subtask's dev set lives on the hub, at a pinned commit."""
 
     dataset: str
     path: str
     name: str | None
     split: str
+    revision: str
 
 
 SOURCES = {
-    "squad": QaSource("squad", "rajpurkar/squad_v2", None, "validation"),
-    "hotpotqa": QaSource("hotpotqa", "hotpotqa/hotpot_qa", "distractor", "validation"),
+    "squad": QaSource("squad", "rajpurkar/squad_v2", None, "validation", "3ffb306f725f7d2ce8394bc1873b24868140c412"),
+    "hotpotqa": QaSource(
+        "hotpotqa", "hotpotqa/hotpot_qa", "distractor", "validation", "1908d6afbbead072334abe2965f91bd2709910ab"
+    ),
 }
 
 
@@ -64,14 +66,17 @@ SOURCES = {
 class Question:
     """One question with indices into the shared document list.
 
-    ``golden`` documents are always in the prompt; ``related`` ones (same article, or the
-    question's own distractors) come before random documents of the whole set.
+    ``own`` documents are RULER's ``context`` (SQuAD: the question's paragraph; HotpotQA: its
+    ten paragraphs in dataset order), ``more`` its ``more_context`` (SQuAD: the article's other
+    paragraphs), both taken before random documents of the whole set. ``golden`` are the
+    paragraphs holding the answer (SQuAD: its own; HotpotQA: the supporting facts).
     """
 
     query: str
     answers: list[str]
+    own: list[int]
+    more: list[int]
     golden: list[int]
-    related: list[int]
 
 
 @dataclass
@@ -99,8 +104,9 @@ def read_squad(rows: Any) -> QaData:
             Question(
                 query=row["question"],
                 answers=list(row["answers"]["text"]),
+                own=[own],
+                more=[i for i in by_title[row["title"]] if i != own],
                 golden=[own],
-                related=[i for i in by_title[row["title"]] if i != own],
             )
         )
     return QaData(questions, documents)
@@ -126,39 +132,42 @@ def read_hotpotqa(rows: Any) -> QaData:
             Question(
                 query=row["question"],
                 answers=[row["answer"]],
+                own=[i for _, i in own],
+                more=[],
                 golden=[i for gold, i in own if gold],
-                related=[i for gold, i in own if not gold],
             )
         )
     return QaData(questions, documents)
 
 
 def load(dataset: str, data_file: str | None, revision: str | None, option: str) -> QaData:
-    """Read a dev set from the hub, or from ``data_file`` in the hub's schema (``option`` names that field)."""
+    """Read a dev set from the hub (``revision``, else the pinned commit), or from ``data_file`` in the
+    hub's schema (``option`` names that field)."""
     source = SOURCES[dataset]
-    rows = load_rows(source.path, source.name, source.split, revision, data_file, option)
+    rows = load_rows(source.path, source.name, source.split, revision or source.revision, data_file, option)
     data = read_squad(rows) if dataset == "squad" else read_hotpotqa(rows)
     if not data.questions:
         raise ValueError(f"{source.path}: no usable questions in the data")
     return data
 
 
-def synthesize(data: QaData, index: int, num_docs: int, rng: random.Random) -> Sample:
-    """Question ``index`` with ``num_docs`` documents around its golden paragraph(s)."""
+def synthesize(data: QaData, index: int, num_docs: int, rng: random.Random, shuffle_seed: int) -> Sample:
+    """Question ``index`` with ``num_docs`` documents around its own, shuffled with ``shuffle_seed``."""
     question = data.questions[index]
     if num_docs >= len(data.documents):
         # RULER repeats the whole set when the length asks for more documents than it holds.
         repeats = -(-num_docs // len(data.documents))
         chosen = (list(range(len(data.documents))) * repeats)[:num_docs]
+    elif num_docs - len(question.own) > len(question.more):
+        taken = set(question.own) | set(question.more)
+        others = [i for i in range(len(data.documents)) if i not in taken]
+        chosen = question.own + question.more + rng.sample(others, num_docs - len(question.own) - len(question.more))
+    elif num_docs >= len(question.own):
+        chosen = question.own + rng.sample(question.more, num_docs - len(question.own))
     else:
-        wanted = num_docs - len(question.golden)
-        if wanted > len(question.related):
-            taken = set(question.golden) | set(question.related)
-            others = [i for i in range(len(data.documents)) if i not in taken]
-            chosen = question.golden + question.related + rng.sample(others, wanted - len(question.related))
-        else:
-            chosen = question.golden + rng.sample(question.related, max(wanted, 0))
-    rng.shuffle(chosen)
+        rest = [i for i in question.own if i not in question.golden]
+        chosen = question.golden + rng.sample(rest, max(num_docs - len(question.golden), 0))
+    random.Random(shuffle_seed).shuffle(chosen)
     context = "\n\n".join(DOCUMENT.format(i=i + 1, document=data.documents[d]) for i, d in enumerate(chosen))
     golden = [position + 1 for position, d in enumerate(chosen) if d in question.golden]
     return Sample(

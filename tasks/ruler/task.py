@@ -3,6 +3,12 @@
 Each requested (subtask, length) pair gets RULER's haystack search once, then ``n``
 examples; example ``i`` depends only on (seed, subtask, length, i), so widening ``n`` or
 adding lengths or subtasks leaves existing examples unchanged.
+
+RULER orders needles (niah), documents (qa) and word lists (cwe, fwe) with a generator
+re-seeded by its ``--random_seed`` (42) at every call, so at a given size the permutation is
+the same in every example: the golden qa document, the common cwe words and the frequent fwe
+words sit at the same places across examples. Those shuffles use ``seed`` the same way, and
+the default seed is RULER's, so at equal sizes the permutations are RULER's own.
 """
 
 from __future__ import annotations
@@ -86,7 +92,8 @@ class RulerTask(Task):
         data_files: per qa subtask, a local json/jsonl/parquet file in the hub dataset's
             schema read instead of the hub (``qa_1``: rajpurkar/squad_v2, ``qa_2``:
             hotpotqa/hotpot_qa distractor).
-        revisions: per qa subtask, the hub revision to load (None: the default branch).
+        revisions: per qa subtask, a hub revision to load instead of the pinned commit
+            (``tasks/ruler/qa.py``).
     """
 
     name: ClassVar[str] = "ruler"
@@ -94,7 +101,7 @@ class RulerTask(Task):
     tasks: list[str] | str = field(default_factory=lambda: ["niah_single_1"])
     lengths: list[int] = field(default_factory=lambda: [1024])
     n: int = 10
-    seed: int = 0
+    seed: int = 42
     chat_template: bool = True
     haystack_file: str | None = None
     data_files: dict[str, str | None] = field(default_factory=dict)
@@ -152,7 +159,7 @@ class RulerTask(Task):
                 corpus = niah.essay_words(read_text(self.haystack_file, "task.haystack_file"))
             return _Family(
                 niah.TOKENS_TO_GENERATE,
-                lambda length, index, num, rng: niah.as_sample(niah.synthesize(config, num, rng, corpus)),
+                lambda length, index, num, rng: niah.as_sample(niah.synthesize(config, num, rng, self.seed, corpus)),
                 config.step,
                 refine=False,
             )
@@ -168,7 +175,7 @@ class RulerTask(Task):
             cwe = common_words.CweConfig()
             return _Family(
                 common_words.TOKENS_TO_GENERATE,
-                lambda length, index, num, rng: common_words.synthesize(cwe, length, num, rng),
+                lambda length, index, num, rng: common_words.synthesize(cwe, length, num, rng, self.seed),
                 cwe.step,
                 lambda length, index: cwe.num_cw,
             )
@@ -176,7 +183,7 @@ class RulerTask(Task):
             fwe = freq_words.FweConfig()
             return _Family(
                 freq_words.TOKENS_TO_GENERATE,
-                lambda length, index, num, rng: freq_words.synthesize(fwe, length, num, rng),
+                lambda length, index, num, rng: freq_words.synthesize(fwe, length, num, rng, self.seed),
                 fwe.step,
                 lambda length, index: fwe.minimum(length),
             )
@@ -190,7 +197,7 @@ class RulerTask(Task):
             raise ValueError(f"{subtask}: task.n={self.n} but the data holds {len(data.questions)} questions")
         return _Family(
             qa.TOKENS_TO_GENERATE,
-            lambda length, index, num, rng: qa.synthesize(data, index, num, rng),
+            lambda length, index, num, rng: qa.synthesize(data, index, num, rng, self.seed),
             lambda length: qa.STEP,
             lambda length, index: max(len(data.questions[index].golden), 1),
         )
