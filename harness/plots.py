@@ -43,24 +43,40 @@ def _defaults_only(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(rho=frame["rho"].where(frame["variant"] != "full", 0.0))
 
 
+def _by_length(part: pd.DataFrame) -> list[tuple[object, pd.DataFrame]]:
+    """One panel per nominal context length (``meta.length``) when the records span several."""
+    lengths = part["meta.length"] if "meta.length" in part.columns else None
+    if lengths is None or not pd.api.types.is_numeric_dtype(lengths) or lengths.nunique() < 2:
+        return [(None, part)]
+    return list(part.groupby("meta.length"))
+
+
 def quality_vs_budget(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
-    """Per model and task: benchmark mean vs rho, one line per method, full cache dashed."""
+    """Per model and task: benchmark mean vs rho, one line per method, full cache dashed.
+
+    A run over several context lengths gets one panel per length: averaging a 4k and a 32k
+    score would hide exactly the degradation the figure is for.
+    """
     made = []
     frame = _defaults_only(frame[frame["task"] != "dialogs"])
     for (model, task), part in frame.groupby(["model", "task"]):
-        evicting = part[part["variant"] != "full"]
-        if evicting["rho"].nunique() < 2:
+        if part.loc[part["variant"] != "full", "rho"].nunique() < 2:
             continue
-        fig, ax = plt.subplots(figsize=(5.5, 3.8))
-        for name, rows in evicting.groupby("variant"):
-            curve = sorted((rho, benchmark_mean(r, "score")) for rho, r in rows.groupby("rho"))
-            ax.plot([100 * r for r, _ in curve], [v for _, v in curve], marker="o", label=display(name))
-        full = part[part["variant"] == "full"]
-        if not full.empty:
-            ax.axhline(benchmark_mean(full, "score"), color="black", linestyle="--", linewidth=1, label="Full cache")
-        ax.set(xlabel="evicted share of the prompt cache ρ (%)", ylabel=part["primary_metric"].iloc[0])
-        ax.set_title(f"{task}: quality vs budget ({model})", fontsize=10)
-        ax.legend(fontsize=8)
+        panels = _by_length(part)
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), sharey=True, squeeze=False)
+        for ax, (length, rows) in zip(axes[0], panels, strict=True):
+            for name, runs in rows[rows["variant"] != "full"].groupby("variant"):
+                curve = sorted((rho, benchmark_mean(r, "score")) for rho, r in runs.groupby("rho"))
+                ax.plot([100 * r for r, _ in curve], [v for _, v in curve], marker="o", label=display(name))
+            full = rows[rows["variant"] == "full"]
+            if not full.empty:
+                ax.axhline(
+                    benchmark_mean(full, "score"), color="black", linestyle="--", linewidth=1, label="Full cache"
+                )
+            ax.set(xlabel="evicted share of the prompt cache ρ (%)")
+            ax.set_title(f"{task}: quality vs budget ({model})" + (f", {length} tokens" if length else ""), fontsize=10)
+            ax.legend(fontsize=8)
+        axes[0][0].set_ylabel(part["primary_metric"].iloc[0])
         made.append(_save(fig, out / f"quality_vs_budget_{task}_{model}.png"))
     return made
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pandas as pd
+
+from harness import plots
 from harness.plots import make_figures
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
@@ -28,3 +31,26 @@ def test_figures_made_for_fixture_data(tmp_path: Path) -> None:
 
 def test_no_figures_without_records(tmp_path: Path) -> None:
     assert make_figures(tmp_path / "empty") == []
+
+
+def test_quality_vs_budget_has_one_panel_per_length(tmp_path: Path, monkeypatch) -> None:
+    rows = []
+    for length, drop in ((1024, 0.0), (4096, 40.0)):
+        rows.append({"variant": "full", "rho": 0.0, "score": 100.0, "meta.length": length})
+        for rho, score in ((0.5, 90.0), (0.9, 70.0)):
+            rows.append({"variant": "inertia", "rho": rho, "score": score - drop, "meta.length": length})
+    frame = pd.DataFrame(rows).assign(
+        model="tiny", task="ruler", subtask="niah_single_1", primary_metric="string_match_all"
+    )
+    frame["method"] = frame["variant"]
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    plots.quality_vs_budget(frame, tmp_path, tmp_path)
+    [figure] = figures
+    curves = [[list(line.get_ydata()) for line in ax.get_lines()] for ax in figure.axes]
+    # Per panel: the inertia curve over rho, then the full-cache line; no averaging across lengths.
+    assert curves == [[[90.0, 70.0], [100.0, 100.0]], [[50.0, 30.0], [100.0, 100.0]]]
+    assert [ax.get_title() for ax in figure.axes][1].endswith("4096 tokens")
+    figures.clear()
+    plots.quality_vs_budget(frame[frame["meta.length"] == 1024], tmp_path, tmp_path)
+    assert len(figures[0].axes) == 1
