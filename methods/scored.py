@@ -15,6 +15,8 @@ from torch import Tensor
 
 from methods.aggregation import Aggregator
 from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
+from methods.prompt_attention import prompt_attention_votes
+from methods.scorers.attention import AttentionScorer
 from methods.scorers.base import Scorer
 from methods.selection import Selection
 
@@ -25,8 +27,10 @@ class ScoredEviction(EvictionMethod):
 
     The aggregated state lives over absolute positions, so eviction never has to realign it:
     ``(1, P)`` shared by all layers (token granularity), ``(layers, 1, P)`` or
-    ``(layers, kv_heads, P)``. No scoring happens during the prefill; the cache may exceed the
-    budget until the first decode step, which sees the whole prompt (InertiaKV, Sec. 3).
+    ``(layers, kv_heads, P)``. By default no scoring happens during the prefill; the cache may
+    exceed the budget until the first decode step, which sees the whole prompt (InertiaKV,
+    Sec. 3). With ``prefill_attention`` the prompt's own queries are a first observation and
+    the cache is cut to the budget right after the prefill, as H2O's reference code does.
 
     Parameters:
         scorer: per-step signal (``methods.scorers``).
@@ -35,6 +39,8 @@ class ScoredEviction(EvictionMethod):
         refresh_every: observe scores only on steps t with (t-1) mod r == 0 (InertiaKV Lazy-r);
             evict every step on the stale state.
         score_once: observe only at the first decode step and freeze the ranking (Score-Free).
+        prefill_attention: observe the attention every prompt query pays each entry (summed over
+            the queries) after the prefill, and evict then (H2O). Needs the attention scorer.
         name: label for records and tables.
 
     Entries inserted on a step without observation start at the mean state of the entries
@@ -46,11 +52,17 @@ class ScoredEviction(EvictionMethod):
     selection: Selection
     refresh_every: int = 1
     score_once: bool = False
+    prefill_attention: bool = False
     name: str = "scored"
 
     def __post_init__(self) -> None:
         if self.refresh_every < 1:
             raise ValueError(f"refresh_every={self.refresh_every} must be >= 1")
+        if self.prefill_attention and not isinstance(self.scorer, AttentionScorer):
+            raise ValueError(
+                f"prefill_attention observes attention weights; scorer {type(self.scorer).__name__} is not "
+                "the attention scorer"
+            )
 
     def begin(self, info: SequenceInfo) -> None:
         super().begin(info)
@@ -80,8 +92,18 @@ class ScoredEviction(EvictionMethod):
     def _row_positions(self, positions: Tensor) -> Tensor:
         return positions if self.selection.granularity == "head" else positions[:1]
 
+    @property
+    def wants_prefill_queries(self) -> int:
+        return self.info.prefill_len if self.prefill_attention and self._budget is not None else 0
+
+    def observe_prefill(self, view: LayerView) -> None:
+        self._combine(view, prompt_attention_votes(view))
+
     def observe(self, view: LayerView) -> None:
-        scores = self.scorer.score(view).to(self.state.device, self.state.dtype)
+        self._combine(view, self.scorer.score(view))
+
+    def _combine(self, view: LayerView, scores: Tensor) -> None:
+        scores = scores.to(self.state.device, self.state.dtype)
         if self.selection.granularity != "head":
             scores = scores.mean(dim=0, keepdim=True)
         rows = self._state_rows(view.layer)
@@ -97,10 +119,10 @@ class ScoredEviction(EvictionMethod):
             rows[:, newest] = rows.gather(1, cached).sum(dim=1) / max(cached.shape[1] - 1, 1)
 
     def keep(self, step: int, positions: list[Tensor]) -> KeepPlan | None:
-        if self._budget is None or step == 0:
+        if self._budget is None or (step == 0 and not self.prefill_attention):
             return None
         newest = self.info.prefill_len + step - 1
-        if not self.observes(step):
+        if step > 0 and not self.observes(step):
             self._init_newest(positions, newest)
         if positions[0].shape[-1] <= self._budget:
             return None

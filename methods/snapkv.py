@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
+from methods.prompt_attention import prompt_attention_votes
 from methods.selection import Selection
 
 POOLINGS = ("max", "avg")
@@ -57,15 +58,7 @@ class SnapKV(EvictionMethod):
         return self.selection.window if self._budget is not None else 0
 
     def observe_prefill(self, view: LayerView) -> None:
-        kv_heads, length, dim = view.keys.shape
-        queries = view.queries.float()
-        window = queries.shape[1]
-        grouped = queries.view(kv_heads, -1, window, dim)
-        logits = torch.matmul(grouped, view.keys.float().transpose(-1, -2).unsqueeze(1)) * view.scaling
-        query_pos = torch.arange(length - window, length, device=logits.device)
-        future = torch.arange(length, device=logits.device)[None, :] > query_pos[:, None]
-        weights = logits.masked_fill(future, -torch.inf).softmax(dim=-1)
-        votes = weights.sum(dim=2).mean(dim=1)
+        votes = prompt_attention_votes(view)
         pool = torch.nn.functional.max_pool1d if self.pooling == "max" else torch.nn.functional.avg_pool1d
         pad = self.kernel_size // 2
         self._scores[view.layer] = pool(votes.unsqueeze(1), self.kernel_size, stride=1, padding=pad).squeeze(1)

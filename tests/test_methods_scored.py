@@ -17,6 +17,7 @@ from torch import Tensor
 from methods.aggregation import EMA, Cumulative, SingleStep
 from methods.base import LayerView, SequenceInfo
 from methods.full import FullCache
+from methods.prompt_attention import prompt_attention_votes
 from methods.scored import ScoredEviction
 from methods.scorers.attention import AttentionScorer
 from methods.scorers.recency import RecencyScorer
@@ -462,6 +463,7 @@ def test_named_scored_methods_are_the_documented_compositions(name: str) -> None
     assert method.selection.recent_fraction == recent_fraction
     assert method.selection.rho == pytest.approx(0.9)
     assert method.selection.budget_tokens is None
+    assert method.prefill_attention is (name == "h2o")
 
 
 def test_named_full_and_snapkv() -> None:
@@ -487,3 +489,72 @@ def test_named_inertia_budget_follows_rho() -> None:
     method = compose_method("method=inertia")
     method.begin(seq(prefill_len=1000, layers=2, kv_heads=1, group=1))
     assert method.budget() == 100
+
+
+# ------------------------------------------------------------------------ prompt attention (H2O)
+
+
+def naive_votes(queries: Tensor, keys: Tensor, scaling: float) -> Tensor:
+    """Column sums of the full causal softmax, query head by query head, then the group mean."""
+    heads, count, _ = queries.shape
+    kv_heads, length, _ = keys.shape
+    group = heads // kv_heads
+    out = torch.zeros(kv_heads, length)
+    for head in range(heads):
+        logits = queries[head] @ keys[head // group].T * scaling
+        for row in range(count):
+            visible = length - count + row + 1
+            out[head // group, :visible] += torch.softmax(logits[row, :visible], dim=0) / group
+    return out
+
+
+@pytest.mark.parametrize("count", [9, 3])
+def test_prompt_attention_votes_are_causal_column_sums_in_any_chunking(count: int) -> None:
+    torch.manual_seed(0)
+    keys, queries = torch.randn(2, 9, 4), torch.randn(4, count, 4)
+    view = LayerView(
+        layer=0, keys=keys, values=keys, positions=torch.arange(9).expand(2, -1), queries=queries, scaling=0.5
+    )
+    expected = naive_votes(queries, keys, 0.5)
+    for chunk_elements in (1, 4 * 9 * 2, 1 << 26):
+        torch.testing.assert_close(prompt_attention_votes(view, chunk_elements), expected)
+    # Every query's weights sum to one: the votes add up to the number of queries, per KV head.
+    torch.testing.assert_close(expected.sum(dim=1), torch.full((2,), float(count)))
+
+
+def test_h2o_counts_the_prompt_queries_and_evicts_after_the_prefill() -> None:
+    torch.manual_seed(0)
+    method = compose_method("method=h2o", "method.selection.budget_tokens=6")
+    info = seq(prefill_len=10, layers=2, kv_heads=2, group=2)
+    method.begin(info)
+    assert method.wants_prefill_queries == 10
+    positions = prompt_positions(10, 2, 2)
+    votes = []
+    for layer in range(2):
+        keys, queries = torch.randn(2, 10, 4), torch.randn(4, 10, 4)
+        view = LayerView(layer=layer, keys=keys, values=keys, positions=positions[layer], queries=queries, scaling=0.5)
+        method.observe_prefill(view)
+        votes.append(naive_votes(queries, keys, 0.5))
+    torch.testing.assert_close(method.state[:, :, :10], torch.stack(votes))
+    plan = method.keep(0, positions)
+    # Half the budget is the recent window (7, 8, 9); the other three are each head's top votes.
+    for layer in range(2):
+        for head in range(2):
+            older = votes[layer][head, :7].topk(3).indices.sort().values.tolist()
+            assert plan[layer][head].tolist() == [*older, 7, 8, 9]
+    # Decode steps then add the step's attention to the prompt's votes.
+    kept = gather(positions, plan)
+    positions = append_newest(kept, 10)
+    weights = [torch.full((2, 2, 7), 1 / 7)] * 2
+    before = method.state[:, :, :11].clone()
+    step(method, 1, positions, weights)
+    rows = positions[0]
+    torch.testing.assert_close(method.state[0].gather(1, rows), before[0].gather(1, rows) + 1 / 7)
+
+
+def test_prefill_attention_needs_the_attention_scorer() -> None:
+    with pytest.raises(ValueError, match="prefill_attention.*VNormScorer"):
+        ScoredEviction(VNormScorer(), Cumulative(), Selection(rho=0.5), prefill_attention=True)
+    without = compose_method("method=inertia")
+    without.begin(seq(prefill_len=10, layers=2, kv_heads=2, group=2))
+    assert without.wants_prefill_queries == 0 and without.keep(0, prompt_positions(10, 2, 2)) is None
