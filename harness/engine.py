@@ -30,9 +30,10 @@ class Generation:
         cache_len_final: entries cached after the last step, max over layers and heads.
         kv_bytes_final: bytes of keys and values held after the last step.
         kv_bytes_full: bytes a full cache of the same sequence would hold.
-        prefill_s, decode_s: wall time of the prefill forward and of the decode loop.
-        score_s: part of that time spent in the method (observing and choosing).
-        evict_s: part spent gathering the kept entries into new tensors.
+        prefill_s, decode_s: wall time of the prefill forward (with the method's prefill
+            observation and eviction, if any) and of the decode loop.
+        score_s: part of the decode time spent in the method (observing and choosing).
+        evict_s: part of the decode time spent gathering the kept entries into new tensors.
         max_cache_len: the largest cache length seen after any decode step's eviction.
         target_logprobs: with ``forced`` tokens, the log-probability the model gave each one
             (teacher forcing under eviction, for perplexity).
@@ -168,13 +169,14 @@ class Engine:
         cache = kv_cache.new_cache(self.model)
         prompt_positions = torch.arange(prefill_len, device=self.device).expand(self.num_kv_heads, -1)
         context = attention.StepContext(self.method, [prompt_positions] * self.num_layers)
-        evict_s = 0.0
         start = time.perf_counter()
         with attention.active(context):
             logits = self._forward(input_ids, 0, cache)
             plan = self.method.keep(0, context.positions)
-        evict_s += self._apply(plan, context, cache)
+        self._apply(plan, context, cache)
         prefill_s = time.perf_counter() - start
+        # Shares are of decode time: what the method spent inside the prefill stays in prefill_s.
+        context.score_s = 0.0
         if self.on_step:
             self.on_step(0, context, cache)
         full_token_bytes = kv_cache.bytes_per_token(cache)
@@ -194,6 +196,7 @@ class Engine:
         tokens: list[int] = []
         tokens.append(next_token(logits))
         max_cache_len = 0
+        evict_s = 0.0
         start = time.perf_counter()
         step = 0
         while len(tokens) < max_new_tokens and (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from conftest import NAMED_METHODS, TINY_MODELS, named_method
@@ -251,3 +253,20 @@ def test_min_new_tokens_suppresses_stop_tokens(tiny_models):
     held = Engine(model, FullCache()).generate(ids, NEW_TOKENS, stop_token_ids={first}, min_new_tokens=1).tokens
     assert held[0] != first
     assert len(held) > 1
+
+
+def test_method_time_in_the_prefill_stays_out_of_the_decode_shares(tiny_models):
+    model = tiny_models["tiny_llama"]
+    method = named_method("h2o", "rho=0.5")
+    observe_prefill = method.observe_prefill
+
+    def slow(view):
+        time.sleep(0.1)
+        observe_prefill(view)
+
+    method.observe_prefill = slow
+    generation = Engine(model, method).generate(prompt(1), 3)
+    layers = model.config.num_hidden_layers
+    assert generation.prefill_s >= 0.1 * layers
+    assert generation.score_s < 0.1 and generation.evict_s < 0.1
+    assert generation.cache_len_final == generation.budget
