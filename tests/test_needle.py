@@ -13,6 +13,8 @@ from harness.config import compose_config, model_spec
 from harness.models import load_tokenizer
 from tasks.needle.task import NEEDLE, QUESTION, NeedleTask, normalize, rouge_l_f
 
+PPL_FIXTURE = Path(__file__).parent / "fixtures" / "ppl" / "wikitext_test.jsonl"
+
 HEADER = "Below is a long text. Somewhere in it is a sentence that answers the question asked after it.\n\n"
 FOOTER = f"\n\nUsing only the text above, answer this question in one sentence: {QUESTION}"
 
@@ -92,3 +94,14 @@ def test_config_and_validation(tmp_path: Path) -> None:
         NeedleTask(answer="purple bus")
     with pytest.raises(FileNotFoundError, match="task.haystack_file"):
         NeedleTask(haystack_file=str(tmp_path / "missing.txt")).examples(None)
+
+
+def test_haystack_from_a_hub_text_dataset(tok: Any) -> None:
+    hub = {"path": "wikitext", "name": "wikitext-103-raw-v1", "split": "test", "data_files": str(PPL_FIXTURE)}
+    task = NeedleTask(lengths=[512], depths=[50], haystack_hub=hub)
+    [example] = task.examples(tok)
+    text = tok.decode(example.input_ids)
+    assert "harbour of Avonlea" in text and NEEDLE in text
+    assert task.identity()["haystack_hub"] == hub and "haystack_hub" not in NeedleTask().identity()
+    with pytest.raises(ValueError, match="task.haystack_file or task.haystack_hub, not both"):
+        NeedleTask(haystack_file="essays.txt", haystack_hub=hub)

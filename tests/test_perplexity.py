@@ -64,9 +64,11 @@ def test_missing_hub_data_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
     task = PerplexityTask(hub={"path": "wikitext", "name": "wikitext-103-raw-v1", "split": "test"})
-    with pytest.raises(RuntimeError, match=r"wikitext \(wikitext-103-raw-v1\).*task\.data_files=path/to/file\.jsonl"):
+    with pytest.raises(
+        RuntimeError, match=r"wikitext \(wikitext-103-raw-v1\).*task\.hub\.data_files=path/to/file\.jsonl"
+    ):
         task.examples(None)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match=r"task\.hub: .*'dataset'.*path, name, split, revision, column, data_files"):
         PerplexityTask(hub={"dataset": "wikitext"})
     with pytest.raises(ValueError, match="not both"):
         PerplexityTask(hub={"path": "wikitext"}, text_file="x.txt")

@@ -195,3 +195,14 @@ def test_hydra_config_instantiates() -> None:
     assert (task.tasks, task.lengths, task.n, task.seed) == (["niah_single_1"], [1024], 10, 42)
     assert task.chat_template is True and task.haystack_file is None
     assert type(task.tasks) is list and type(task.lengths) is list
+
+
+def test_essay_haystack_from_a_hub_text_dataset(tok) -> None:
+    fixture = Path(__file__).parent / "fixtures" / "ppl" / "wikitext_test.jsonl"
+    hub = {"path": "wikitext", "name": "wikitext-103-raw-v1", "split": "test", "data_files": str(fixture)}
+    task = RulerTask(tasks=["niah_single_2"], lengths=[512], n=1, haystack_hub=hub)
+    [example] = task.examples(tok)
+    assert "harbour of Avonlea" in tok.decode(example.input_ids)
+    assert task.identity()["haystack_hub"] == hub
+    with pytest.raises(ValueError, match="task.haystack_file or task.haystack_hub, not both"):
+        RulerTask(haystack_file="essays.txt", haystack_hub=hub)

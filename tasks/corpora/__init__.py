@@ -6,9 +6,10 @@ to the bundled text (see ``README.md`` here) so that nothing downloads at run ti
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import datasets
@@ -53,12 +54,39 @@ class HubText:
     column: str = "text"
     data_files: str | None = None
 
-    def load(self) -> str:
-        rows = load_rows(self.path, self.name, self.split, self.revision, self.data_files, "task.data_files")
+    def load(self, option: str) -> str:
+        """The joined text; ``option`` names the config field holding these fields, for messages."""
+        rows = load_rows(self.path, self.name, self.split, self.revision, self.data_files, f"{option}.data_files")
         if self.column not in rows.column_names:
             raise ValueError(f"{self.path}: no column {self.column!r} (columns: {rows.column_names})")
         # The convention of transformers' perplexity guide for wikitext: rows joined by a blank line.
         return "\n\n".join(rows[self.column])
+
+
+def checked_hub(file: str | None, hub: Mapping[str, Any] | None, file_option: str, hub_option: str) -> dict | None:
+    """Validate a text source given as a file or as hub fields (not both); the hub fields as a plain dict.
+
+    Hydra hands over a DictConfig; ``HubText`` refuses unknown field names.
+    """
+    if file is not None and hub is not None:
+        raise ValueError(f"set {file_option} or {hub_option}, not both")
+    if hub is None:
+        return None
+    fields = dict(hub)
+    try:
+        HubText(**fields)
+    except TypeError as error:
+        raise ValueError(
+            f"{hub_option}: {error}; its fields are path, name, split, revision, column, data_files"
+        ) from error
+    return fields
+
+
+def source_text(file: str | None, hub: Mapping[str, Any] | None, file_option: str, hub_option: str) -> str:
+    """The text of the hub dataset ``hub`` (``HubText`` fields), else of ``file``, else the bundled corpus."""
+    if hub is not None:
+        return HubText(**hub).load(hub_option)
+    return read_text(file, file_option)
 
 
 def load_rows(

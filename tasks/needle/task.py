@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from rouge_score import rouge_scorer
 
 from tasks.base import Example, Task, require_int
-from tasks.corpora import read_text
+from tasks.corpora import checked_hub, source_text
 from tasks.ruler.fit import Sample, encode_sample, fit_size, search_size
 from tasks.ruler.niah import essay_words, split_sentences
 from tasks.ruler.task import make_encoder
@@ -99,6 +99,8 @@ class NeedleTask(Task):
         seed: base seed (which stretch of the corpus each index starts at).
         chat_template: wrap the prompt in the tokenizer's chat template when it has one.
         haystack_file: plain-text haystack (None: the bundled public-domain text).
+        haystack_hub: a hub text dataset as the haystack instead (fields of
+            ``tasks.corpora.HubText``: path, name, split, revision, column, data_files).
         needle: the hidden sentence, also the ROUGE/exact-match reference.
         question: the question about it.
         answer: the key phrase whose presence in the answer counts as a hit.
@@ -113,6 +115,7 @@ class NeedleTask(Task):
     seed: int = 0
     chat_template: bool = True
     haystack_file: str | None = None
+    haystack_hub: dict[str, Any] | None = None
     needle: str = NEEDLE
     question: str = QUESTION
     answer: str = ANSWER
@@ -121,6 +124,9 @@ class NeedleTask(Task):
     def __post_init__(self) -> None:
         self.lengths = list(self.lengths)
         self.depths = list(self.depths)
+        self.haystack_hub = checked_hub(
+            self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub"
+        )
         if not self.lengths or any(
             isinstance(x, bool) or not isinstance(x, int) or x <= self.max_new_tokens for x in self.lengths
         ):
@@ -138,7 +144,7 @@ class NeedleTask(Task):
             raise ValueError(f"task.answer={self.answer!r} does not occur in task.needle")
 
     def identity(self) -> dict[str, Any]:
-        return {
+        identity: dict[str, Any] = {
             "seed": self.seed,
             "chat_template": self.chat_template,
             "haystack_file": self.haystack_file,
@@ -146,6 +152,10 @@ class NeedleTask(Task):
             "question": self.question,
             "max_new_tokens": self.max_new_tokens,
         }
+        # Only when set, so runs from before the option keep their run ids.
+        if self.haystack_hub is not None:
+            identity["haystack_hub"] = self.haystack_hub
+        return identity
 
     def _build(self, corpus: _Corpus, length: int, index: int, depth: float, num: int, _: Any) -> Sample:
         # The stretch of corpus depends on (seed, length, index) only, not on the depth; it
@@ -162,7 +172,9 @@ class NeedleTask(Task):
 
     def examples(self, tokenizer: Any) -> list[Example]:
         encode = make_encoder(tokenizer, self.chat_template)
-        corpus = _Corpus.of(read_text(self.haystack_file, "task.haystack_file"))
+        corpus = _Corpus.of(
+            source_text(self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub")
+        )
         out: list[Example] = []
         for length in self.lengths:
             budget = length - self.max_new_tokens

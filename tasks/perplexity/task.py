@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tasks.base import Example, Task, require_int
-from tasks.corpora import BUNDLED_NAME, HubText, read_text
+from tasks.corpora import BUNDLED_NAME, checked_hub, source_text
 
 
 @dataclass
@@ -50,24 +50,20 @@ class PerplexityTask(Task):
     def __post_init__(self) -> None:
         for option in ("prefill", "eval_tokens", "n"):
             require_int(option, getattr(self, option))
-        if self.text_file is not None and self.hub is not None:
-            raise ValueError("set task.text_file or task.hub, not both")
-        # Hydra hands over a DictConfig; HubText validates the field names.
-        self.hub = dict(self.hub) if self.hub is not None else None
-        if self.hub is not None:
-            HubText(**self.hub)
+        self.hub = checked_hub(self.text_file, self.hub, "task.text_file", "task.hub")
 
     def identity(self) -> dict[str, Any]:
         source: Any = self.hub or self.text_file or BUNDLED_NAME
         return {"source": source, "prefill": self.prefill, "eval_tokens": self.eval_tokens}
 
-    def _text(self) -> str:
-        if self.hub is not None:
-            return HubText(**self.hub).load()
-        return read_text(self.text_file, "task.text_file")
-
     def examples(self, tokenizer: Any) -> list[Example]:
-        ids = list(tokenizer(self._text(), add_special_tokens=False, verbose=False)["input_ids"])
+        ids = list(
+            tokenizer(
+                source_text(self.text_file, self.hub, "task.text_file", "task.hub"),
+                add_special_tokens=False,
+                verbose=False,
+            )["input_ids"]
+        )
         # A model whose tokenizer opens every sequence with BOS sees one at each window's start.
         probe = tokenizer("a")["input_ids"]
         bos = [probe[0]] if tokenizer.bos_token_id is not None and probe[0] == tokenizer.bos_token_id else []

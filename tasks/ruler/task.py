@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tasks.base import Example, Task, require_int
-from tasks.corpora import read_text
+from tasks.corpora import checked_hub, source_text
 from tasks.ruler import common_words, freq_words, niah, qa, variable_tracking
 from tasks.ruler.fit import Encoder, Sample, encode_sample, fit_size, search_size
 from tasks.ruler.scoring import string_match_all, string_match_part
@@ -89,6 +89,8 @@ class RulerTask(Task):
         chat_template: wrap the prompt in the tokenizer's chat template when it has one.
         haystack_file: plain-text corpus for the essay haystack (None: the bundled
             public-domain text, ``tasks/corpora``).
+        haystack_hub: a hub text dataset for the essay haystack instead (fields of
+            ``tasks.corpora.HubText``: path, name, split, revision, column, data_files).
         data_files: per qa subtask, a local json/jsonl/parquet file in the hub dataset's
             schema read instead of the hub (``qa_1``: rajpurkar/squad_v2, ``qa_2``:
             hotpotqa/hotpot_qa distractor).
@@ -104,6 +106,7 @@ class RulerTask(Task):
     seed: int = 42
     chat_template: bool = True
     haystack_file: str | None = None
+    haystack_hub: dict[str, Any] | None = None
     data_files: dict[str, str | None] = field(default_factory=dict)
     revisions: dict[str, str | None] = field(default_factory=dict)
 
@@ -111,6 +114,9 @@ class RulerTask(Task):
         # Hydra hands over ListConfig/DictConfig objects; plain containers keep the task picklable.
         self.tasks = list(PAPER) if self.tasks in ("paper", ["paper"]) else list(self.tasks)
         self.lengths = list(self.lengths)
+        self.haystack_hub = checked_hub(
+            self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub"
+        )
         self.data_files = dict(self.data_files)
         self.revisions = dict(self.revisions)
         if not self.tasks:
@@ -144,7 +150,9 @@ class RulerTask(Task):
             "chat_template": self.chat_template,
             "haystack_file": self.haystack_file,
         }
-        # Only when set, so runs from before the qa subtasks keep their run ids.
+        if self.haystack_hub is not None:
+            identity["haystack_hub"] = self.haystack_hub
+        # Only when set, so runs from before these options keep their run ids.
         for option in ("data_files", "revisions"):
             chosen = {key: value for key, value in getattr(self, option).items() if value is not None}
             if chosen:
@@ -156,7 +164,9 @@ class RulerTask(Task):
             config = niah.SUBTASKS[subtask]
             corpus = None
             if config.haystack == "essay":
-                corpus = niah.essay_words(read_text(self.haystack_file, "task.haystack_file"))
+                corpus = niah.essay_words(
+                    source_text(self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub")
+                )
             return _Family(
                 niah.TOKENS_TO_GENERATE,
                 lambda length, index, num, rng: niah.as_sample(niah.synthesize(config, num, rng, self.seed, corpus)),
