@@ -122,6 +122,7 @@ class ScoredEviction(EvictionMethod):
         if self._budget is None or (step == 0 and not self.prefill_attention):
             return None
         newest = self.info.prefill_len + step - 1
+        # At step 0 (prefill_attention) the newest entry is the last prompt token, already scored.
         if step > 0 and not self.observes(step):
             self._init_newest(positions, newest)
         if positions[0].shape[-1] <= self._budget:
