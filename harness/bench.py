@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
 from harness.engine import Engine
+from harness.errors import cli
 from harness.models import load_model, load_tokenizer
 from methods.full import FullCache
 from methods.selection import exact_floor
@@ -101,4 +102,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

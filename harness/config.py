@@ -1,10 +1,11 @@
-"""Composing ``conf/`` outside a Hydra main (benchmarks, notebooks, tests)."""
+"""Composing ``conf/`` outside the run's own composition (presets, benchmarks, notebooks, tests)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from harness.models import ModelSpec
@@ -13,7 +14,13 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 def compose_config(*overrides: str, config_name: str = "config") -> DictConfig:
-    """The config ``python -m harness.run <overrides>`` would run with."""
+    """The config ``python -m harness.run <overrides>`` would run with.
+
+    Inside a Hydra application (a running ``harness.run`` job) the application's own config
+    search path serves; elsewhere ``conf/`` is read directly.
+    """
+    if GlobalHydra.instance().is_initialized():
+        return compose(config_name, overrides=list(overrides))
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name, overrides=list(overrides))
 

@@ -20,7 +20,6 @@ means, the series and, for small traces, the retained sets of layer 0 for the fi
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from scipy import stats as scipy_stats
 from torch import Tensor
 
 from harness.records import read_records
-from harness.results import parse_run_id
+from harness.schema import RunId
 from methods.base import EvictionMethod, LayerView
 from methods.scorers.base import Scorer, group_mean
 
@@ -178,7 +177,8 @@ class RetentionRecorder:
 
     Use ``RetentionRecorder.attach(engine)``: it taps the method's scorer (if it has one) and
     installs itself as ``engine.on_step``. After each ``engine.generate``, ``finish(example_id,
-    subtask)`` returns that sequence's diagnostics line and clears the snapshots; step 0 (the
+    subtask)`` returns that sequence's diagnostics line (the harness appends it to
+    ``diagnostics.jsonl`` just before the example's record) and clears the snapshots; step 0 (the
     prefill) also clears them, so every sequence starts fresh.
     """
 
@@ -256,23 +256,19 @@ class RetentionRecorder:
             line["raw_top"] = [sorted(top_b(s.positions, s.raw, budget)) if s.raw is not None else None for s in steps]
         return line
 
-    def write(self, folder: Path | str, example_id: str, subtask: str | None = None) -> None:
-        """Append ``finish(example_id, subtask)`` to ``<folder>/diagnostics.jsonl`` in one write."""
-        path = Path(folder) / FILENAME
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as handle:
-            handle.write(json.dumps(self.finish(example_id, subtask)) + "\n")
-
 
 # --------------------------------------------------------------------------- reading
 def read_diagnostics(folder: Path | str) -> list[dict[str, Any]]:
-    """The lines of ``<folder>/diagnostics.jsonl``, the last line per example winning (a rerun of
-    an example whose record was never written appends a second line)."""
+    """The lines of ``<folder>/diagnostics.jsonl``: one per example, each with its record.
+
+    A line that has no record yet (its run is being written, or was killed before the record)
+    is left out; the next writer of the run removes the latter.
+    """
     path = Path(folder) / FILENAME
     if not path.is_file():
         return []
-    lines = {line["example_id"]: line for line in read_records(path)}
-    return list(lines.values())
+    recorded = {record["example_id"] for record in read_records(Path(folder) / "records.jsonl")}
+    return [line for line in read_records(path) if line["example_id"] in recorded]
 
 
 def load_diagnostics(root: Path | str = "results") -> pd.DataFrame:
@@ -280,7 +276,8 @@ def load_diagnostics(root: Path | str = "results") -> pd.DataFrame:
     identity columns and ``metric.<name>`` for every ``SUMMARY`` measure."""
     rows = []
     for path in sorted(Path(root).glob(f"*/{FILENAME}")) if Path(root).exists() else []:
-        identity = parse_run_id(path.parent.name)
+        run = RunId.parse(path.parent.name)
+        identity = {name: getattr(run, name) for name in run.__dataclass_fields__}
         for line in read_diagnostics(path.parent):
             rows.append(
                 {
@@ -293,7 +290,7 @@ def load_diagnostics(root: Path | str = "results") -> pd.DataFrame:
                     **{f"metric.{k}": v for k, v in (line.get("summary") or {}).items()},
                 }
             )
-    columns = ["model", "method", "method_params", "task", "task_params", "rho", "seed", "run_id", "example_id"]
+    columns = [*RunId.__dataclass_fields__, "run_id", "example_id"]
     frame = pd.DataFrame(rows, columns=[*columns, "subtask", *(f"metric.{k}" for k in SUMMARY)])
     for name in SUMMARY:
         frame[f"metric.{name}"] = pd.to_numeric(frame[f"metric.{name}"], errors="coerce")

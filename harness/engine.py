@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from harness import attention, kv_cache
+from harness.models import check_length
 from harness.sampling import Sampling
 from methods.base import EvictionMethod, SequenceInfo
 
@@ -79,6 +80,34 @@ def _per_layer(
     return result
 
 
+def sequence_info(
+    config: PretrainedConfig, prefill_len: int, max_new_tokens: int, seed: int = 0, device: torch.device | None = None
+) -> SequenceInfo:
+    """What a method may know about a sequence on the model of ``config``."""
+    text = config.get_text_config()
+    return SequenceInfo(
+        prefill_len=prefill_len,
+        num_layers=text.num_hidden_layers,
+        num_kv_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+        num_query_heads=text.num_attention_heads,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        device=device if device is not None else torch.device("cpu"),
+    )
+
+
+def check_sequence(
+    config: PretrainedConfig, method: EvictionMethod, prefill_len: int, max_new_tokens: int, what: str
+) -> None:
+    """Refuse, before any weights load, a sequence the model or the method cannot serve.
+
+    Refused: a sequence longer than the model's positions, and what the method refuses (a
+    budget below sinks+window, a checkpoint for another geometry). ``what`` names the sequence.
+    """
+    check_length(config, prefill_len, max_new_tokens, what)
+    method.begin(sequence_info(config, prefill_len, max_new_tokens))
+
+
 @dataclass
 class Engine:
     """Runs a model under an eviction method.
@@ -97,28 +126,17 @@ class Engine:
     on_step: StepHook | None = None
 
     def __post_init__(self) -> None:
+        kv_cache.check_layers(self.model.config, self.model.config.name_or_path or self.model.config.model_type)
         if self.model.config._attn_implementation != attention.NAME:
             self.model.set_attn_implementation(attention.NAME)
-        config = self.model.config.get_text_config()
-        self.num_layers = config.num_hidden_layers
-        self.num_query_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        info = sequence_info(self.model.config, 0, 0)
+        self.num_layers = info.num_layers
+        self.num_kv_heads = info.num_kv_heads
         self.device = self.model.device
 
-    def _info(self, prefill_len: int, max_new_tokens: int, seed: int) -> SequenceInfo:
-        return SequenceInfo(
-            prefill_len=prefill_len,
-            num_layers=self.num_layers,
-            num_kv_heads=self.num_kv_heads,
-            num_query_heads=self.num_query_heads,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            device=self.device,
-        )
-
     def check(self, prefill_len: int, max_new_tokens: int) -> None:
-        """Fail now, not mid-run, if the method rejects this sequence (e.g. budget below sinks+window)."""
-        self.method.begin(self._info(prefill_len, max_new_tokens, 0))
+        """Fail now, not mid-run, if the model or the method rejects this sequence (``check_sequence``)."""
+        check_sequence(self.model.config, self.method, prefill_len, max_new_tokens, "the prompt")
 
     def _forward(self, ids: list[int], start: int, cache: object) -> Tensor:
         input_ids = torch.tensor([ids], device=self.device)
@@ -163,7 +181,8 @@ class Engine:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         prefill_len = len(input_ids)
-        info = self._info(prefill_len, max_new_tokens, seed)
+        check_length(self.model.config, prefill_len, max_new_tokens, "the prompt")
+        info = sequence_info(self.model.config, prefill_len, max_new_tokens, seed, self.device)
         self.method.begin(info)
         generator = torch.Generator(device="cpu").manual_seed(seed)
         cache = kv_cache.new_cache(self.model)

@@ -8,7 +8,34 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers.cache_utils import get_layer_types_and_kwargs
+
+
+def check_layers(config: PretrainedConfig, name: str) -> None:
+    """Refuse a model with a layer the engine cannot evict from (sliding-window, chunked, linear, shared).
+
+    The cache would build such a layer as a rolling or stateful buffer, which neither keeps the
+    positions the engine tracks nor can be gathered; transformers decides the layer types from
+    the config, so the same function decides here.
+    """
+    text = config.get_text_config(decoder=True)
+    layer_types, _ = get_layer_types_and_kwargs(text)
+    other = sorted({kind for kind in layer_types if kind != "full_attention"})
+    if not other:
+        return
+    # A window that only the sliding_window field sets (Mistral v0.1) can be switched off for short
+    # sequences; layers that the config lists by type are part of the architecture.
+    switchable = getattr(text, "layer_types", None) is None and other == ["sliding_attention"]
+    fix = (
+        f"set model.config.sliding_window=null if every sequence fits in its {text.sliding_window}-token window"
+        if switchable
+        else "use a model with full attention in every layer"
+    )
+    raise ValueError(
+        f"model {name!r} has {', '.join(other)} layers ({layer_types.count(other[0])} of {len(layer_types)} are "
+        f"{other[0]}), which the engine cannot evict from — {fix}"
+    )
 
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:

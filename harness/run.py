@@ -1,33 +1,44 @@
 """``python -m harness.run model=... method=... task=... rho=... seed=...``
 
-Composes the config (``conf/``), runs every example not yet recorded in the run's folder and
-appends one record per example. The folder name is derived from the config, so rerunning
-the same command resumes where it stopped.
+Composes the config (``conf/``), checks everything a user can get wrong before any weights
+load and before anything is written, then runs every example not yet recorded in the run's
+folder and appends one record per example. The folder name is derived from the config
+(``harness.schema``), so rerunning the same command resumes where it stopped.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+import shutil
+import sys
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
+from transformers import PretrainedConfig
 
-from harness import provenance
+from harness import kv_cache, provenance
+from harness.config import model_spec
+from harness.diagnostics import FILENAME as DIAGNOSTICS_FILE
 from harness.diagnostics import RetentionRecorder
-from harness.engine import Engine
-from harness.models import ModelSpec, load_model, load_tokenizer
-from harness.records import RecordFile
+from harness.engine import Engine, check_sequence
+from harness.errors import UserError, cli, user_errors
+from harness.models import ModelSpec, file_sha256, load_config, load_model, load_tokenizer, resolve_device
+from harness.models import writable_folder as _writable
+from harness.records import CompanionFile, RecordFile, RunLock, append_line, write_atomic
 from harness.sampling import Sampling
+from harness.schema import NUMERIC_FIELDS, OUTCOME_FIELDS, RunId, digest
 from harness.summary import summarize
 from harness.wandb_logger import open_logger
 from methods.base import EvictionMethod
@@ -37,33 +48,90 @@ from tasks.base import Example, Task
 
 log = logging.getLogger(__name__)
 
+# What a record keeps of a protocol's second, full-cache generation (``Task.follow_up``).
+ANSWER_PASS_FIELDS = ("prefill_len", "new_tokens", "prefill_s", "decode_s")
 
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+def check_top_level(cfg: DictConfig) -> None:
+    """Refuse a malformed top-level option (``rho``, ``seed``, ``threads``, ``diagnostics``, ``sampling``)."""
+    check_rho(cfg.rho)
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
+        raise ValueError(f"seed={cfg.seed!r} is not an integer — use e.g. seed=0")
+    if cfg.threads is not None and (
+        isinstance(cfg.threads, bool) or not isinstance(cfg.threads, int) or cfg.threads < 1
+    ):
+        raise ValueError(f"threads={cfg.threads!r} is not a positive integer — use e.g. threads=1, or threads=null")
+    if not isinstance(cfg.diagnostics, bool):
+        raise ValueError(f"diagnostics={cfg.diagnostics!r} is not true or false — use diagnostics=true")
+    Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True))
 
 
-def run_id(cfg: DictConfig, task: Task) -> str:
-    """``<model>__<method>-<hash>__<task>-<hash>__rho<rho>__seed<seed>``, from the config alone.
+def _checkpoint_digests(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with ``<key>_sha256`` beside every ``checkpoint``-named field that points at a file."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        out[key] = _checkpoint_digests(value) if isinstance(value, dict) else value
+        if key.endswith("checkpoint") and isinstance(value, str) and Path(value).is_file():
+            out[f"{key}_sha256"] = file_sha256(value)
+    return out
 
-    The method hash covers every method parameter (scorer, aggregation, selection); the task
-    hash covers the fields that define what an example is, not which examples run; sampling
-    enters the task hash only when it is not greedy.
+
+@dataclass
+class Identity:
+    """What a run id is computed from, kept in full in every record and in provenance.
+
+    Parameters:
+        model: the model's outputs-relevant fields on its device (``ModelSpec.identity``),
+            empty for tasks that need no model.
+        model_variant: what of those differs from the preset on a CPU (hashed into the run id).
+        method: every method parameter, checkpoint digests, the diagnostics switch.
+        task: the task's protocol, plus sampling when not greedy.
     """
-    method = OmegaConf.to_container(cfg.method, resolve=True)
+
+    model: dict[str, Any]
+    model_variant: dict[str, Any]
+    method: dict[str, Any]
+    task: dict[str, Any]
+
+    def fields(self) -> dict[str, Any]:
+        return {"model": self.model, "method": self.method, "task": self.task}
+
+
+def identify(cfg: DictConfig, task: Task, spec: ModelSpec | None) -> tuple[RunId, Identity]:
+    """The run id of ``cfg`` and what it is computed from (``harness.schema`` has the format)."""
+    method = _checkpoint_digests(OmegaConf.to_container(cfg.method, resolve=True))
     method.pop("name", None)
+    if cfg.diagnostics:
+        method["diagnostics"] = True
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     task_identity = dict(task.identity())
     if sampling["temperature"] > 0:
         task_identity["sampling"] = sampling
-    return (
-        f"{model_name(cfg, task)}__{cfg.method.name}-{_digest(method)}__{task.name}-{_digest(task_identity)}"
-        f"__rho{cfg.rho}__seed{cfg.seed}"
+    if spec is None:
+        identity = Identity({}, {}, method, task_identity)
+        model_name = "world"
+    else:
+        device = resolve_device(spec.device)
+        variant = spec.differences(model_spec(spec.name), device)
+        identity = Identity(spec.identity(device), variant, method, task_identity)
+        model_name = spec.name
+    run = RunId(
+        model=model_name,
+        model_params=digest(identity.model_variant) if identity.model_variant else None,
+        method=cfg.method.name,
+        method_params=digest(method),
+        task=task.name,
+        task_params=digest(task_identity),
+        rho=str(cfg.rho),
+        seed=str(cfg.seed),
     )
+    return run, identity
 
 
-def validate(cfg: DictConfig) -> None:
-    # Checked before anything loads, also for methods without a budget (full).
-    check_rho(cfg.rho)
+def run_id(cfg: DictConfig, task: Task) -> str:
+    """The run id ``cfg`` runs under."""
+    spec = ModelSpec.from_config(cfg.model) if task.needs_model else None
+    return str(identify(cfg, task, spec)[0])
 
 
 def example_seed(seed: int, example_id: str) -> int:
@@ -84,30 +152,17 @@ def stop_on_strings(tokenizer: Any, strings: list[str]) -> Callable[[list[int]],
     return lambda tokens: any(s in tokenizer.decode(tokens[-16:], skip_special_tokens=True) for s in strings)
 
 
-RECORD_FIELDS = (
-    "prediction", "metrics", "prefill_len", "budget", "cache_len_final", "kv_bytes_final", "kv_bytes_full",
-    "prefill_s", "decode_s", "new_tokens", "decode_tokens_per_s", "score_s", "evict_s",
-)  # fmt: skip
-
-
-# What a record keeps of a protocol's second, full-cache generation (``Task.follow_up``).
-ANSWER_PASS_FIELDS = ("prefill_len", "new_tokens", "prefill_s", "decode_s")
-
-
-def model_name(cfg: DictConfig, task: Task) -> str:
-    """The evaluated model, or ``world`` for tasks that simulate their own attention (dialogs)."""
-    return cfg.model.name if getattr(task, "needs_model", True) else "world"
-
-
-def make_record(cfg: DictConfig, run: str, task: Task, example: Example, outcome: dict[str, Any]) -> dict[str, Any]:
-    """One line of ``records.jsonl``: identity, the outcome's public fields, the rest under ``meta``."""
+def make_record(
+    cfg: DictConfig, run: RunId, identity: Identity, task: Task, example: Example, outcome: dict[str, Any]
+) -> dict[str, Any]:
+    """One line of ``records.jsonl`` (``harness.schema.RECORD_FIELDS``), the rest of the outcome under ``meta``."""
     outcome = dict(outcome)
     decode_steps = max(outcome["new_tokens"] - 1, 0)
     if outcome.get("decode_tokens_per_s") is None and outcome["decode_s"] > 0:
         outcome["decode_tokens_per_s"] = decode_steps / outcome["decode_s"]
     record = {
-        "run_id": run,
-        "model": model_name(cfg, task),
+        "run_id": str(run),
+        "model": run.model,
         "method": cfg.method.name,
         "task": task.name,
         "subtask": example.subtask,
@@ -116,35 +171,75 @@ def make_record(cfg: DictConfig, run: str, task: Task, example: Example, outcome
         "example_id": example.example_id,
         "answers": example.answers,
     }
-    for name in RECORD_FIELDS:
+    for name in OUTCOME_FIELDS:
         value = outcome.pop(name, 0.0 if name.endswith("_s") else None)
         record[name] = round(value, 4) if isinstance(value, float) else value
+    record["identity"] = identity.fields()
     record["meta"] = {**example.meta, **outcome}
     return record
 
 
-def model_runner(
-    cfg: DictConfig,
-    spec: ModelSpec,
-    task: Task,
-    method: EvictionMethod,
-    tokenizer: Any,
-    todo: list[Example],
-    folder: Path,
-) -> tuple[Callable[[Example], dict[str, Any]], torch.device]:
-    """Load the model, check every pending example against the method, return the per-example runner.
+@dataclass
+class Plan:
+    """A run checked against the user's mistakes, before anything loads weights or writes.
 
-    With ``diagnostics=true`` every example's per-step retained sets and scores go to
-    ``<run>/diagnostics.jsonl`` (decode then computes attention weights at every step, so its
-    timings are not comparable with a plain run).
+    Parameters:
+        cfg: the composed config.
+        task, method: instantiated from it.
+        spec, tokenizer, model_config: the model's spec, tokenizer and transformers config
+            (None for tasks that need no model).
+        run, identity: the run id and what it is computed from.
+        examples: every example of the task.
+        folder: the run's results folder.
     """
-    model = load_model(spec)
+
+    cfg: DictConfig
+    task: Task
+    method: EvictionMethod
+    spec: ModelSpec | None
+    tokenizer: Any
+    model_config: PretrainedConfig | None
+    run: RunId
+    identity: Identity
+    examples: list[Example]
+    folder: Path
+
+
+def prepare(cfg: DictConfig) -> Plan:
+    """Everything a user can get wrong, checked in order; raises ``UserError`` with the fix."""
+    with user_errors():
+        check_top_level(cfg)
+        results = _writable(Path(cfg.results_dir), "results_dir")
+        task: Task = instantiate(cfg.task)
+        method: EvictionMethod = instantiate(cfg.method)
+        spec = ModelSpec.from_config(cfg.model) if task.needs_model else None
+        tokenizer = model_config = None
+        if spec is not None:
+            tokenizer = load_tokenizer(spec)
+            model_config = load_config(spec)
+            kv_cache.check_layers(model_config, spec.name)
+        run, identity = identify(cfg, task, spec)
+        examples = task.examples(tokenizer)
+        if model_config is not None:
+            for example in examples:
+                what = f"example {example.example_id}"
+                check_sequence(model_config, method, len(example.input_ids), example.max_new_tokens, what)
+    return Plan(cfg, task, method, spec, tokenizer, model_config, run, identity, examples, results / str(run))
+
+
+def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callable[[Example], dict], Any]:
+    """Load the model; return the per-example runner and the model.
+
+    With ``diagnostics`` every example's per-step retained sets and scores go to that file just
+    before its record (decode then computes attention weights at every step, so its timings
+    are not comparable with a plain run: such runs have their own run id).
+    """
+    cfg, task, tokenizer = plan.cfg, plan.task, plan.tokenizer
+    model = load_model(plan.spec)
     sampling = Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True))
-    engine = Engine(model, method, sampling)
+    engine = Engine(model, plan.method, sampling)
     # Attached before the first sequence: the recorder wraps the method's scorer.
-    recorder = RetentionRecorder.attach(engine) if cfg.diagnostics else None
-    for example in todo:
-        engine.check(len(example.input_ids), example.max_new_tokens)
+    recorder = RetentionRecorder.attach(engine) if diagnostics is not None else None
     stops = stop_token_ids(model, tokenizer)
     answer_engine = Engine(model, FullCache(), sampling)
 
@@ -162,9 +257,10 @@ def model_runner(
     def run_one(example: Example) -> dict[str, Any]:
         generation = generate(engine, example)
         if recorder is not None:
-            recorder.write(folder, example.example_id, example.subtask)
+            diagnostics.append(recorder.finish(example.example_id, example.subtask))
         prediction = tokenizer.decode(generation.tokens, skip_special_tokens=True)
-        outcome = {name: getattr(generation, name) for name in RECORD_FIELDS[2:] if hasattr(generation, name)}
+        outcome = {name: getattr(generation, name) for name in NUMERIC_FIELDS if hasattr(generation, name)}
+        outcome["max_cache_len"] = generation.max_cache_len
         if example.forced_ids is not None:
             metrics = task.score_logprobs(generation.target_logprobs, example)
         else:
@@ -177,49 +273,79 @@ def model_runner(
             metrics = task.score(prediction, example)
         return {"prediction": prediction, "metrics": metrics, **outcome}
 
-    return run_one, model.device
+    return run_one, model
+
+
+def _check_recorded(records: RecordFile, identity: Identity) -> None:
+    """Refuse to add records to a folder whose records came from another identity (an edited preset)."""
+    for record in records.records():
+        recorded = record.get("identity")
+        if recorded is None or recorded == identity.fields():
+            continue
+        mine, theirs = _flat(identity.fields()), _flat(recorded)
+        key = next(k for k in sorted(mine.keys() | theirs.keys()) if mine.get(k) != theirs.get(k))
+        raise UserError(
+            f"{records.path} holds records made with {key}={theirs.get(key)!r}, this config has {mine.get(key)!r}"
+            " (a preset changed since) — move that folder away to rerun, or restore the preset"
+        )
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for key, inner in value.items():
+        out.update(_flat(inner, f"{prefix}.{key}" if prefix else key))
+    return out
 
 
 def execute(cfg: DictConfig) -> dict[str, Any]:
     """Run one configuration to completion (resuming) and return its summary."""
-    validate(cfg)
+    plan = prepare(cfg)
     if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
-    task: Task = instantiate(cfg.task)
-    method: EvictionMethod = instantiate(cfg.method)
-    uses_model = getattr(task, "needs_model", True)
-    spec = ModelSpec.from_config(cfg.model) if uses_model else None
-    run = run_id(cfg, task)
-    folder = Path(cfg.results_dir) / run
-    records = RecordFile(folder / "records.jsonl")
-    OmegaConf.save(cfg, folder / "config.yaml", resolve=True)
+        torch.set_num_threads(cfg.threads)
+    created = not plan.folder.exists()
+    plan.folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with user_errors(), RunLock(plan.folder):
+            return _run(plan)
+    finally:
+        if created and not (plan.folder / "records.jsonl").exists():
+            shutil.rmtree(plan.folder, ignore_errors=True)
 
-    tokenizer = load_tokenizer(spec) if uses_model else None
-    examples = task.examples(tokenizer)
-    todo = [example for example in examples if example.example_id not in records]
-    log.info(
-        "%s: %d examples, %d already recorded, %d to run", run, len(examples), len(examples) - len(todo), len(todo)
-    )
+
+def _run(plan: Plan) -> dict[str, Any]:
+    cfg, task, run, folder = plan.cfg, plan.task, plan.run, plan.folder
+    records = RecordFile(folder / "records.jsonl")
+    _check_recorded(records, plan.identity)
+    diagnostics = CompanionFile(folder / DIAGNOSTICS_FILE, records) if cfg.diagnostics else None
+    todo = [example for example in plan.examples if example.example_id not in records]
+    log.info("%s: %d examples, %d already recorded, %d to run", run, len(plan.examples), len(records), len(todo))
     # One tracker run per job, finished (as failed) even when the loop raises.
-    with open_logger(cfg, run) as tracker:
+    with open_logger(cfg, str(run)) as tracker:
         if todo:
-            if uses_model:
-                run_one, device = model_runner(cfg, spec, task, method, tokenizer, todo, folder)
+            session = {"run_id": str(run), "identity": plan.identity.fields()}
+            if plan.spec is not None:
+                run_one, model = model_runner(plan, diagnostics)
+                session |= provenance.collect(model.device)
+                # A hub model without a pinned revision: the commit its files came from.
+                session["model_commit"] = getattr(model.config, "_commit_hash", None)
             else:
-                run_one, device = partial(task.run_example, method), torch.device("cpu")
-            with (folder / "provenance.jsonl").open("a") as handle:
-                handle.write(json.dumps(provenance.collect(device)) + "\n")
+                run_one = partial(task.run_example, plan.method)
+                session |= provenance.collect(torch.device("cpu"))
+            write_atomic(folder / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+            append_line(folder / "provenance.jsonl", (json.dumps(session) + "\n").encode())
             scores: list[float] = []
             progress = tqdm(todo, desc=f"{cfg.method.name} rho={cfg.rho}", unit="ex", dynamic_ncols=True)
             for example in progress:
-                record = make_record(cfg, run, task, example, run_one(example))
-                records.append(record)
-                tracker.log_record(record, step=len(records) - 1)
+                record = make_record(cfg, run, plan.identity, task, example, run_one(example))
+                if records.append(record):
+                    tracker.log_record(record, step=len(records) - 1)
                 scores.append(next(iter(record["metrics"].values())))
                 progress.set_postfix(score=f"{sum(scores) / len(scores):.3g}", kv=f"{record['cache_len_final']}")
         summary = summarize(records.records())
-        summary["run_id"] = run
-        (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        summary["run_id"] = str(run)
+        write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
         tracker.log_summary(summary)
         log.info("%s: %s", run, json.dumps({k: summary.get(k) for k in ("n", "overall", "kv_ratio_final")}))
     return summary
@@ -227,8 +353,17 @@ def execute(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any]:
-    return execute(cfg)
+    try:
+        return execute(cfg)
+    except UserError as error:
+        # A sweep goes on with its other jobs and reports the first failure at the end; a single
+        # run stops here, before Hydra adds its own report of the failed job.
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            log.error("error: %s", error)
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -23,12 +23,17 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 = no limit)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} is outside (0, 1]")
+        def number(value: object) -> bool:
+            return isinstance(value, int | float) and not isinstance(value, bool)
+
+        if not (number(self.temperature) and self.temperature >= 0):
+            raise ValueError(
+                f"sampling.temperature={self.temperature!r} is not a number >= 0 — use 0 (greedy) or e.g. 0.6"
+            )
+        if not (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0):
+            raise ValueError(f"sampling.top_k={self.top_k!r} is not an integer >= 0 — use 0 (no limit) or e.g. 50")
+        if not (number(self.top_p) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"sampling.top_p={self.top_p!r} is outside (0, 1] — use 1.0 (no limit) or e.g. 0.95")
 
     def choose(self, logits: Tensor, generator: torch.Generator | None) -> int:
         """Pick the next token from one row of logits."""

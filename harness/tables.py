@@ -33,6 +33,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from harness.config import CONF_DIR, compose_config
+from harness.errors import cli, user_errors
 from harness.results import load_configs, load_results
 from harness.stats import PAIR_KEY, compare, select
 
@@ -759,14 +760,16 @@ def write_tables(root: Path | str = "results", out: Path | str | None = None) ->
 def main(argv: list[str]) -> None:
     """Tables, then figures, from ``argv[0]`` (default ``results``)."""
     from harness.plots import make_figures
+    from harness.report import existing_root
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    root = Path(argv[0] if argv else "results")
-    written = write_tables(root)
-    log.info("tables: %d files in %s", len(written), root / "tables")
-    figures = make_figures(root)
+    root = existing_root(argv)
+    with user_errors():
+        written = write_tables(root)
+        log.info("tables: %d files in %s", len(written), root / "tables")
+        figures = make_figures(root)
     log.info("figures: %s", ", ".join(p.name for p in figures) or "none (no data for any figure)")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    cli(lambda: main(sys.argv[1:]))

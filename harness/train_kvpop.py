@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from harness.errors import cli, user_errors
 from harness.kvpop.capture import capture
 from harness.kvpop.data import documents, token_windows
 from harness.kvpop.loss import boundary_loss, candidates, decayed, retention_recall, sample_queries
@@ -108,10 +109,6 @@ def distill(
     model's keys and values); ``streaming`` is the StreamingLLM+ baseline (sinks + recent, same budget).
     """
     kvpop, options = cfg.kvpop, cfg.distill
-    if options.pattern not in ("kvpop", "streaming"):
-        raise ValueError(f"distill.pattern={options.pattern!r} is not kvpop or streaming")
-    if kvpop.n != 1:
-        raise ValueError("distillation needs static priorities: kvpop.n=1 (age buckets re-rank as q advances)")
     masks_per_window = []
     for window in windows:
         length = window.keys.shape[-2]
@@ -139,16 +136,31 @@ def distill(
     return {"model": options.output, "history": history}
 
 
+def check_distill(cfg: DictConfig) -> None:
+    """Refuse distillation options that could only fail after the scorer has trained."""
+    if not cfg.distill.enabled:
+        return
+    if cfg.distill.pattern not in ("kvpop", "streaming"):
+        raise ValueError(f"distill.pattern={cfg.distill.pattern!r} is not a pattern — use kvpop or streaming")
+    if cfg.kvpop.n != 1:
+        raise ValueError(
+            f"kvpop.n={cfg.kvpop.n!r} with distill.enabled=true — distillation needs static priorities: set kvpop.n=1"
+        )
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train, save the checkpoint, return a summary (loss curve included)."""
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
     kvpop, data, opt = cfg.kvpop, cfg.data, cfg.train
     torch.manual_seed(opt.seed)
-    spec = ModelSpec.from_config(cfg.model)
-    model, tokenizer = load_model(spec), load_tokenizer(spec)
-    hub = OmegaConf.to_container(data.hub, resolve=True) if data.hub is not None else None
-    ids = token_windows(tokenizer, documents(data.file, hub), data.length, data.windows, data.skip)
+    with user_errors():
+        check_distill(cfg)
+        spec = ModelSpec.from_config(cfg.model)
+        tokenizer = load_tokenizer(spec)
+        hub = OmegaConf.to_container(data.hub, resolve=True) if data.hub is not None else None
+        ids = token_windows(tokenizer, documents(data.file, hub), data.length, data.windows, data.skip)
+    model = load_model(spec)
     start = time.perf_counter()
     windows = [extract(model, window, kvpop.w, opt.eps, opt.target_method) for window in ids]
     extract_s = time.perf_counter() - start
@@ -215,4 +227,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from methods.options import require_number
+
 
 class Aggregator(ABC):
     """A rule ``m <- f(m, s)``; states start at 0."""
@@ -48,8 +50,7 @@ class EMA(Aggregator):
     alpha: float = 0.8
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.alpha < 1.0:
-            raise ValueError(f"alpha={self.alpha} is outside [0, 1)")
+        require_number("method.aggregator.alpha", self.alpha, 0.8, minimum=0.0, maximum=1.0, open_max=True)
 
     def combine(self, state: Tensor, score: Tensor) -> Tensor:
         return self.alpha * state + (1.0 - self.alpha) * score

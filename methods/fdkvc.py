@@ -1,6 +1,6 @@
-"""FD-KVC: forgetting-and-drift KV cache for dialogs (two channels, adaptive rate, soft modulation).
+"""FD-KVC (Fractional Decay KV-Cache, arXiv 2608.18098): ownership-aware eviction for dialogs.
 
-See DESIGN.md ("FD-KVC"). Every cached entry carries a cumulative-attention channel ``c``
+Every cached entry carries a cumulative-attention channel ``c``
 (H2O-like) and a recency-relevance channel ``rho`` that forgets by ``gamma`` per turn and is
 reinforced by the entry's affinity to the turn's mean query, at a rate that slows down when
 the cache's ownership is uncertain. Eviction ranks by the hybrid ``h``; the kept entries'
@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
+from methods.options import require_int, require_number
 from methods.selection import Selection
 
 RELEVANCE_NORMS = ("relu", "affine", "max")
@@ -22,7 +23,7 @@ RELEVANCE_NORMS = ("relu", "affine", "max")
 
 @dataclass
 class FDKVC(EvictionMethod):
-    """FD-KVC (DESIGN.md, "FD-KVC"): hybrid cumulative-attention / recency-relevance eviction.
+    """FD-KVC (arXiv 2608.18098): hybrid cumulative-attention / recency-relevance eviction.
 
     Per cached entry (state over absolute positions, like ``ScoredEviction``):
 
@@ -88,19 +89,21 @@ class FDKVC(EvictionMethod):
     name: str = "fdkvc"
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma={self.gamma} is outside [0, 1]")
-        for label, value in (("alpha0", self.alpha0), ("mu", self.mu), ("beta", self.beta)):
-            if value < 0:
-                raise ValueError(f"{label}={value} must be >= 0")
-        if not 0.0 <= self.tau < 1.0:
-            raise ValueError(f"tau={self.tau} is outside [0, 1)")
-        if self.w_c < 0 or self.w_rho < 0 or self.w_c + self.w_rho <= 0:
-            raise ValueError(f"w_c={self.w_c}, w_rho={self.w_rho} must be >= 0 and not both 0")
-        if self.turn_length < 1:
-            raise ValueError(f"turn_length={self.turn_length} must be >= 1")
+        require_number("method.gamma", self.gamma, 0.88, minimum=0.0, maximum=1.0)
+        for option, example in (("alpha0", 0.3), ("mu", 0.4), ("beta", 0.25), ("w_c", 0.45), ("w_rho", 0.55)):
+            require_number(f"method.{option}", getattr(self, option), example, minimum=0.0)
+        require_number("method.tau", self.tau, 0.02, minimum=0.0, maximum=1.0, open_max=True)
+        if self.w_c + self.w_rho <= 0:
+            raise ValueError(
+                f"method.w_c={self.w_c!r} and method.w_rho={self.w_rho!r} are both 0, so no entry ranks above another "
+                "— use e.g. method.w_c=0.45 method.w_rho=0.55"
+            )
+        require_int("method.turn_length", self.turn_length, minimum=1, example=32)
         if self.relevance not in RELEVANCE_NORMS:
-            raise ValueError(f"relevance={self.relevance!r} is not one of {RELEVANCE_NORMS}")
+            raise ValueError(
+                f"method.relevance={self.relevance!r} is not a relevance normalisation "
+                f"— use one of {', '.join(RELEVANCE_NORMS)}"
+            )
 
     # ----------------------------------------------------------------- state layout
     def begin(self, info: SequenceInfo) -> None:

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from methods.aggregation import Aggregator
 from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
+from methods.options import require_int
 from methods.prompt_attention import prompt_attention_votes
 from methods.scorers.attention import AttentionScorer
 from methods.scorers.base import Scorer
@@ -56,12 +57,11 @@ class ScoredEviction(EvictionMethod):
     name: str = "scored"
 
     def __post_init__(self) -> None:
-        if self.refresh_every < 1:
-            raise ValueError(f"refresh_every={self.refresh_every} must be >= 1")
+        require_int("method.refresh_every", self.refresh_every, minimum=1, example=4)
         if self.prefill_attention and not isinstance(self.scorer, AttentionScorer):
             raise ValueError(
-                f"prefill_attention observes attention weights; scorer {type(self.scorer).__name__} is not "
-                "the attention scorer"
+                f"method.prefill_attention=true observes attention weights, which {type(self.scorer).__name__} "
+                "does not score — use method/scorer=attention, or method.prefill_attention=false"
             )
 
     def begin(self, info: SequenceInfo) -> None:

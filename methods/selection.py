@@ -12,9 +12,16 @@ GRANULARITIES = ("token", "layer", "head")
 
 
 def check_rho(rho: object) -> None:
-    """Refuse a compression ratio outside [0, 1)."""
-    if isinstance(rho, bool) or not isinstance(rho, int | float) or not 0.0 <= rho < 1.0:
-        raise ValueError(f"rho={rho!r} is outside [0, 1): rho is the fraction of the prompt cache evicted")
+    """Refuse a compression ratio that is not a number in [0, 1)."""
+    meaning = "rho is the fraction of the prompt cache evicted"
+    if isinstance(rho, bool) or not isinstance(rho, int | float):
+        raise ValueError(f"rho={rho!r} is not a number — {meaning}: use a value in [0, 1), e.g. rho=0.9")
+    if not 0.0 <= rho < 1.0:
+        raise ValueError(f"rho={rho!r} is outside [0, 1) — {meaning}: use e.g. rho=0.9 (rho=0 keeps everything)")
+
+
+def _is_int(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def exact_floor(value: float) -> int:
@@ -50,14 +57,25 @@ class Selection:
 
     def __post_init__(self) -> None:
         check_rho(self.rho)
-        if self.budget_tokens is not None and self.budget_tokens < 1:
-            raise ValueError(f"budget_tokens={self.budget_tokens} must be a positive number of cache entries")
-        if self.sinks < 0 or self.window < 0:
-            raise ValueError(f"sinks={self.sinks} and window={self.window} must be >= 0")
-        if not 0.0 <= self.recent_fraction < 1.0:
-            raise ValueError(f"recent_fraction={self.recent_fraction} is outside [0, 1)")
+        where = "method.selection"
+        if self.budget_tokens is not None and not _is_int(self.budget_tokens, 1):
+            raise ValueError(
+                f"{where}.budget_tokens={self.budget_tokens!r} is not a positive number of cache entries"
+                " — use e.g. budget_tokens=256, or null to follow rho"
+            )
+        for option in ("sinks", "window"):
+            if not _is_int(getattr(self, option), 0):
+                raise ValueError(f"{where}.{option}={getattr(self, option)!r} is not an integer >= 0 — use e.g. 4")
+        if isinstance(self.recent_fraction, bool) or not (
+            isinstance(self.recent_fraction, int | float) and 0.0 <= self.recent_fraction < 1.0
+        ):
+            raise ValueError(
+                f"{where}.recent_fraction={self.recent_fraction!r} is outside [0, 1) — use e.g. 0.5 (half the budget)"
+            )
         if self.granularity not in GRANULARITIES:
-            raise ValueError(f"granularity={self.granularity!r} is not one of {GRANULARITIES}")
+            raise ValueError(
+                f"{where}.granularity={self.granularity!r} is not a granularity — use one of {', '.join(GRANULARITIES)}"
+            )
 
     def recent(self, budget: int) -> int:
         """Size of the protected recent window under ``budget``."""
@@ -67,17 +85,19 @@ class Selection:
         """The budget for a prompt of ``prefill_len`` tokens; None when nothing is evicted."""
         if self.budget_tokens is not None:
             budget = self.budget_tokens
-            origin = f"budget_tokens={budget}"
+            origin = f"method.selection.budget_tokens={budget}"
+            fix = "raise method.selection.budget_tokens"
         elif self.rho == 0.0:
             return None
         else:
             budget = exact_floor((1.0 - self.rho) * prefill_len)
-            origin = f"rho={self.rho} of L0={prefill_len}"
+            origin = f"rho={self.rho} of L0={prefill_len} prompt tokens"
+            fix = "lower rho, or use longer prompts"
         protected = self.sinks + self.recent(budget)
         if budget < max(protected, 1):
             raise ValueError(
-                f"budget B={budget} ({origin}) is smaller than sinks+window="
-                f"{self.sinks}+{self.recent(budget)}={protected}: lower rho, or shrink sinks/window"
+                f"budget B={budget} ({origin}) is smaller than sinks+window={self.sinks}+{self.recent(budget)}"
+                f"={protected} — {fix}, or shrink method.selection.sinks/window"
             )
         return budget
 

@@ -37,13 +37,22 @@ class SnapKV(EvictionMethod):
 
     def __post_init__(self) -> None:
         if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling={self.pooling!r} is not one of {POOLINGS}")
-        if self.kernel_size < 1 or self.kernel_size % 2 == 0:
-            raise ValueError(f"kernel_size={self.kernel_size} must be a positive odd number")
+            raise ValueError(f"method.pooling={self.pooling!r} is not a pooling — use one of {', '.join(POOLINGS)}")
+        size = self.kernel_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1 or size % 2 == 0:
+            raise ValueError(
+                f"method.kernel_size={size!r} must be a positive odd integer — use e.g. method.kernel_size=7"
+            )
         if self.selection.granularity != "head":
-            raise ValueError(f"SnapKV selects per KV head: granularity={self.selection.granularity!r} must be 'head'")
+            raise ValueError(
+                f"method.selection.granularity={self.selection.granularity!r} does not suit SnapKV, which selects "
+                "per KV head — use method.selection.granularity=head"
+            )
         if self.selection.window < 1:
-            raise ValueError("SnapKV needs an observation window: selection.window >= 1")
+            raise ValueError(
+                f"method.selection.window={self.selection.window!r} leaves SnapKV no observation window "
+                "— use e.g. method.selection.window=32"
+            )
 
     def begin(self, info: SequenceInfo) -> None:
         super().begin(info)

@@ -7,8 +7,9 @@ prompt token ids following its benchmark's official protocol, and scores a predi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass
@@ -45,6 +46,8 @@ class Task(ABC):
     """A benchmark suite. Subclasses are dataclasses built from ``conf/task/*.yaml``."""
 
     name: str
+    #: False for a task that simulates its own attention instead of running a model (dialogs).
+    needs_model: ClassVar[bool] = True
 
     @abstractmethod
     def examples(self, tokenizer: Any) -> list[Example]:
@@ -80,10 +83,69 @@ class Task(ABC):
         return None
 
 
-def require_int(field_name: str, value: Any, minimum: int = 1, optional: bool = False) -> None:
-    """Refuse a task option that is not an integer >= ``minimum`` (``None`` too when ``optional``)."""
+def as_list(field_name: str, value: Any) -> list[Any]:
+    """A list option given as a list, or as one value (``task.tasks=vt`` means ``[vt]``)."""
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
+        return [value]
+    try:
+        return list(value)
+    except TypeError:
+        raise ValueError(f"task.{field_name}={value!r} is not a list — use e.g. task.{field_name}=[a,b]") from None
+
+
+def as_dict(field_name: str, value: Any) -> dict[Any, Any]:
+    """A mapping option as a plain dict (Hydra hands over a DictConfig)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"task.{field_name}={value!r} is not a mapping — use e.g. task.{field_name}='{{key: value}}'")
+    return dict(value)
+
+
+def require_int(
+    field_name: str, value: Any, minimum: int | None = 1, optional: bool = False, example: int | None = None
+) -> None:
+    """Refuse a task option that is not an integer >= ``minimum`` (any integer when ``minimum`` is None).
+
+    ``None`` passes when ``optional``; ``example`` is the value the message suggests (``minimum`` by default).
+    """
     if optional and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        allowed = f"null or an integer >= {minimum}" if optional else f"an integer >= {minimum}"
-        raise ValueError(f"task.{field_name} must be {allowed}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+        kind = "an integer" if minimum is None else f"an integer >= {minimum}"
+        allowed = f"null or {kind}" if optional else kind
+        suggested = example if example is not None else (minimum or 0)
+        raise ValueError(f"task.{field_name}={value!r} must be {allowed} — use e.g. task.{field_name}={suggested}")
+
+
+def require_number(field_name: str, value: Any, example: float, minimum: float | None = None) -> None:
+    """Refuse a task option that is not a number (>= ``minimum`` when given)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (minimum is not None and value < minimum):
+        allowed = "a number" if minimum is None else f"a number >= {minimum:g}"
+        raise ValueError(f"task.{field_name}={value!r} must be {allowed} — use e.g. task.{field_name}={example:g}")
+
+
+def require_once(field_name: str, values: list[Any]) -> None:
+    """Refuse a list option that names one value twice."""
+    twice = [value for value in dict.fromkeys(values) if values.count(value) > 1]
+    if twice:
+        raise ValueError(f"task.{field_name}={values!r} lists {twice[0]!r} twice — list each value once")
+
+
+def require_lengths(field_name: str, values: list[Any], shortest: int, why: str) -> None:
+    """Refuse prompt lengths that are not distinct integers >= ``shortest`` (``why`` names that bound)."""
+    if not values:
+        raise ValueError(f"task.{field_name}=[] is empty — use e.g. task.{field_name}=[{max(shortest, 4096)}]")
+    for length in values:
+        if isinstance(length, bool) or not isinstance(length, int) or length < shortest:
+            raise ValueError(
+                f"task.{field_name}={values!r} has {length!r}, not an integer above {why} — use lengths >= "
+                f"{shortest}, e.g. task.{field_name}=[{max(shortest, 4096)}]"
+            )
+    require_once(field_name, values)
+
+
+def require_str(field_name: str, value: Any, optional: bool = True) -> None:
+    """Refuse a text or path option that Hydra parsed as something else (``task.revision=1234`` is an int)."""
+    if (optional and value is None) or isinstance(value, str):
+        return
+    raise ValueError(f"task.{field_name}={value!r} is not a string — quote it: task.{field_name}='{value}'")

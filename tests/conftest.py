@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hydra.utils import instantiate
 
@@ -21,6 +23,19 @@ NAMED_METHODS = (
     "cumulative",
     "single_step",
 )
+
+
+def refused(build: Callable[[], object], named: str, error: type[Exception] = ValueError) -> str:
+    """The message of the error ``build()`` raises: a user's mistake, one line naming ``named`` and the fix."""
+    with pytest.raises(error) as raised:
+        build()
+    message = str(raised.value)
+    assert named in message and " — " in message and "\n" not in message, message
+    return message
+
+
+def assert_one_line(message: str) -> None:
+    assert " — " in message and "\n" not in message, message
 
 
 def named_method(name: str, *overrides: str):

@@ -68,12 +68,18 @@ def test_recorder_on_a_tiny_model(tmp_path, tiny_models) -> None:
 
     from harness.diagnostics import RetentionRecorder, read_diagnostics
     from harness.engine import Engine
+    from harness.records import CompanionFile, RecordFile
 
     engine = Engine(tiny_models["tiny_llama"], named_method("inertia", "rho=0.5"))
     recorder = RetentionRecorder.attach(engine)
-    for example in ("a/0", "a/1"):
+    records = RecordFile(tmp_path / "records.jsonl")
+    diagnostics = CompanionFile(tmp_path / "diagnostics.jsonl", records)
+    for example in ("a/0", "a/1", "a/2"):
         engine.generate(list(range(5, 45)), 6)
-        recorder.write(tmp_path, example, "a")
+        diagnostics.append(recorder.finish(example, "a"))
+        if example != "a/2":
+            records.append({"example_id": example, "metrics": {"score": 1.0}})
+    # a/2 has no record (as after a kill between the two writes): readers leave it out.
     lines = read_diagnostics(tmp_path)
     assert [line["example_id"] for line in lines] == ["a/0", "a/1"]
     assert all(line["steps"] == 5 and len(line["kept"]) == 5 for line in lines)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import refused
 from hydra.utils import instantiate
 
 from harness.config import compose_config
@@ -160,3 +161,25 @@ def test_adaptation_counts_turns_and_never():
     speed, never = adaptation(retention, [1], threshold=0.8)
     assert speed[:, 0].tolist() == [3.0, 1.0, 4.0]
     assert never[:, 0].tolist() == [False, False, True]
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (
+            {"scenarios": ["topic_swap"]},
+            "task.scenarios=['topic_swap'] names an unknown scenario 'topic_swap' — choose from topic_shift,",
+        ),
+        ({"scenarios": []}, "task.scenarios=[] is empty — choose from topic_shift,"),
+        ({"n_dialogs": "abc"}, "task.n_dialogs='abc' must be an integer >= 1 — use e.g. task.n_dialogs=600"),
+        ({"budget": 0}, "task.budget=0 must be an integer >= 1 — use e.g. task.budget=56"),
+        ({"tokens_per_turn": 2.5}, "task.tokens_per_turn=2.5 must be an integer >= 1 — "),
+        ({"late_turns": "3"}, "task.late_turns='3' must be an integer >= 1 — "),
+        ({"seed": "x"}, "task.seed='x' must be an integer — "),
+        ({"noise_var": -0.1}, "task.noise_var=-0.1 must be a number >= 0 — use e.g. task.noise_var=0.05"),
+        ({"topic_scale": "big"}, "task.topic_scale='big' must be a number — "),
+        ({"weight_std": "wide"}, "task.weight_std='wide' must be a number — "),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> None:
+    refused(lambda: DialogTask(**options), named)

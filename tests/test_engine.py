@@ -1,4 +1,4 @@
-"""The engine invariants of DESIGN.md, on tiny random Llama / Qwen2 / Qwen3 / Mistral models."""
+"""The engine invariants, on tiny random Llama / Qwen2 / Qwen3 / Mistral models."""
 
 from __future__ import annotations
 
@@ -219,7 +219,8 @@ def test_stop_tokens_end_generation(tiny_models):
 
 def test_budget_below_protected_entries_is_refused(tiny_models):
     engine = Engine(tiny_models["tiny_llama"], named_method("snapkv", "rho=0.9"))
-    with pytest.raises(ValueError, match=r"budget B=9 \(rho=0.9 of L0=96\) is smaller than sinks\+window=0\+32"):
+    message = r"budget B=9 \(rho=0.9 of L0=96 prompt tokens\) is smaller than sinks\+window=0\+32=32 — lower rho"
+    with pytest.raises(ValueError, match=message):
         engine.check(PROMPT_LEN, 8)
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import refused
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness.config import compose_config
@@ -241,3 +242,23 @@ def test_smollm2_multi_turn_chat(smollm2):
     assert generation.max_cache_len <= generation.budget == len(ids) // 2
     assert biases and all(b is not None for b in biases)
     assert any(float(b.min()) < 0 for b in biases)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"gamma": "abc"}, "method.gamma='abc' must be a number in [0, 1] — use e.g. method.gamma=0.88"),
+        ({"gamma": 1.5}, "method.gamma=1.5 must be a number in [0, 1] — "),
+        ({"alpha0": -0.1}, "method.alpha0=-0.1 must be a number >= 0 — use e.g. method.alpha0=0.3"),
+        ({"mu": "x"}, "method.mu='x' must be a number >= 0 — "),
+        ({"beta": None}, "method.beta=None must be a number >= 0 — "),
+        ({"tau": 1.0}, "method.tau=1.0 must be a number in [0, 1) — "),
+        ({"w_c": "half"}, "method.w_c='half' must be a number >= 0 — "),
+        ({"w_c": 0, "w_rho": 0.0}, "method.w_c=0 and method.w_rho=0.0 are both 0, so no entry ranks above another — "),
+        ({"turn_length": 0}, "method.turn_length=0 must be an integer >= 1 — use e.g. method.turn_length=32"),
+        ({"turn_length": "32"}, "method.turn_length='32' must be an integer >= 1 — "),
+        ({"relevance": "softmax"}, "method.relevance='softmax' is not a relevance normalisation — use one of relu,"),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> None:
+    refused(lambda: FDKVC(**options), named)

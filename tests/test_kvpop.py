@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_one_line
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from safetensors.torch import save_file
 
 from harness import kv_cache
 from harness.config import compose_config, model_spec
@@ -173,13 +177,13 @@ def test_no_budget_means_identical_generation(tiny_models, tmp_path):
 def test_checkpoint_for_another_model_is_refused(tmp_path):
     checkpoint = tiny_checkpoint(tmp_path)
     # hydra wraps the ValueError of the constructor
-    with pytest.raises(Exception, match=r"trained for tiny_llama \(3 layers.*used with tiny_qwen2"):
+    with pytest.raises(Exception, match=r"trained for tiny_llama \(3 layers.*used with model='tiny_qwen2' — "):
         kvpop_method(checkpoint, "tiny_qwen2")
     deeper = tiny_checkpoint(tmp_path / "deep", layers=4)
     info = SequenceInfo(prefill_len=64, num_layers=3, num_kv_heads=2, num_query_heads=4, max_new_tokens=4)
     with pytest.raises(ValueError, match=r"4 layers.*3 layers"):
         KVpop(checkpoint=deeper, rho=0.5).begin(info)
-    with pytest.raises(Exception, match="expects a mlp scorer"):
+    with pytest.raises(Exception, match="method.scorer='mlp' but .* holds a mlstm scorer — "):
         kvpop_method(checkpoint, "tiny_llama", method="kvpop_mlp")
 
 
@@ -211,9 +215,113 @@ def test_training_writes_a_checkpoint_the_policy_loads(tmp_path, tiny_models):
 def test_hub_documents_need_a_pinned_revision_and_read_local_copies(tmp_path):
     from harness.kvpop.data import documents
 
-    with pytest.raises(ValueError, match="pinned revision"):
+    with pytest.raises(ValueError, match="has no revision — pin a commit"):
         documents(None, {"path": "open-r1/OpenR1-Math-220k", "column": "solution"})
     rows = tmp_path / "traces.jsonl"
     rows.write_text('{"solution": "first trace"}\n{"solution": "  "}\n{"solution": "second trace"}\n')
     docs = documents(None, {"path": "any", "column": "solution", "data_files": str(rows)})
     assert docs == ["first trace", "second trace"]
+
+
+def test_unreadable_checkpoints_say_what_to_pass(tmp_path):
+    missing = tmp_path / "x.safetensors"
+    train = "train one with python -m harness.train_kvpop model=<model> and pass method.checkpoint=<path>.safetensors"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"KVpop checkpoint '{missing}' does not exist — {train}")):
+        KVpop(checkpoint=str(missing))
+    text = tmp_path / "text.safetensors"
+    text.write_text("not a checkpoint, just text\n")
+    good = tiny_checkpoint(tmp_path)
+    truncated = tmp_path / "truncated.safetensors"
+    data = Path(good).read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    for path in (text, truncated):
+        with pytest.raises(ValueError, match=re.escape(f"{path} is not a safetensors file (")) as raised:
+            KVpop(checkpoint=str(path))
+        assert_one_line(str(raised.value))
+        assert str(raised.value).endswith("— pass a checkpoint written by python -m harness.train_kvpop")
+    plain = tmp_path / "plain.safetensors"
+    save_file({"w": torch.zeros(2)}, str(plain))
+    with pytest.raises(
+        ValueError, match=re.escape(f"{plain} is a safetensors file without KVpop metadata — ")
+    ) as raised:
+        KVpop(checkpoint=str(plain))
+    assert_one_line(str(raised.value))
+
+
+def test_checkpoint_for_another_model_or_geometry_is_one_line(tmp_path):
+    checkpoint = tiny_checkpoint(tmp_path)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "was trained for tiny_llama (3 layers, 2 KV heads, head_dim 16) but is used with model='tiny_qwen2' "
+            "— train one for tiny_qwen2"
+        ),
+    ) as raised:
+        KVpop(checkpoint=checkpoint, model="tiny_qwen2")
+    assert_one_line(str(raised.value))
+    info = SequenceInfo(prefill_len=64, num_layers=4, num_kv_heads=2, num_query_heads=4, max_new_tokens=4)
+    with pytest.raises(
+        ValueError, match=re.escape("but is used with a model of 4 layers, 2 KV heads — train one")
+    ) as raised:
+        KVpop(checkpoint=checkpoint, rho=0.5).begin(info)
+    assert_one_line(str(raised.value))
+
+
+def test_budget_hint_follows_where_the_budget_comes_from(tmp_path):
+    checkpoint = tiny_checkpoint(tmp_path)  # s=2, w=8
+    info = SequenceInfo(prefill_len=64, num_layers=3, num_kv_heads=2, num_query_heads=4, max_new_tokens=4)
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "KVpop budget B=6 (rho=0.9 of L0=64 prompt tokens) is smaller than sinks+window=2+8=10 "
+            "— lower rho or use longer prompts"
+        ),
+    ) as raised:
+        KVpop(checkpoint=checkpoint, rho=0.9).begin(info)
+    assert_one_line(str(raised.value))
+    with pytest.raises(
+        ValueError,
+        match=re.escape("method.k=0 is not a number >= 1 of older tokens kept beyond sinks+window — raise method.k"),
+    ) as raised:
+        KVpop(checkpoint=checkpoint, rho=0.9, k=0)
+    assert_one_line(str(raised.value))
+    assert "lower rho" not in str(raised.value)
+    fixed = KVpop(checkpoint=checkpoint, rho=0.9, k=1)
+    fixed.begin(info)
+    assert fixed.budget() == 2 + 8 + 1
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"checkpoint": None}, "method.checkpoint=None is not a checkpoint path — train one with"),
+        ({"scorer": "lstm"}, "method.scorer='lstm' is not a KVpop scorer — use one of mlp, mlstm"),
+        ({"rho": "abc"}, "rho='abc' is not a number — "),
+        ({"k": "abc"}, "method.k='abc' is not a number >= 1 of older tokens kept beyond sinks+window — "),
+        ({"sinks": -1}, "method.sinks=-1 must be an integer >= 0 — use e.g. method.sinks=4"),
+        ({"window": "w"}, "method.window='w' must be an integer >= 0 — "),
+        ({"bucket": 0}, "method.bucket=0 must be an integer >= 1 — "),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)) as raised:
+        KVpop(**{"checkpoint": "never_loaded.safetensors", **options})
+    assert_one_line(str(raised.value))
+
+
+@pytest.mark.parametrize(
+    ("kind", "hyper", "named"),
+    [
+        ("lstm", {}, "kvpop.scorer='lstm' is not a KVpop scorer — use one of mlp, mlstm"),
+        ("mlp", {"gamma_min": "x", "hidden": 8}, "kvpop.gamma_min='x' and kvpop.gamma_max=1.0 must be numbers"),
+        ("mlp", {"gamma_min": 0.5, "gamma_max": 1.5, "hidden": 8}, "kvpop.gamma_min=0.5 and kvpop.gamma_max=1.5"),
+        ("mlp", {"hidden": 0}, "kvpop.hidden=0 must be an integer >= 1 — use e.g. kvpop.hidden=32"),
+        ("mlstm", {"cell_dim": 4, "delay": -1}, "kvpop.w=-1, the mLSTM readout delay, must be an integer >= 0 — "),
+        ("mlstm", {"cell_dim": "4", "delay": 8}, "kvpop.cell_dim='4' must be an integer >= 1 — "),
+        ("mlstm", {"cell_dim": 4, "delay": 8, "chunk": 0}, "kvpop.chunk=0 must be an integer >= 1 — "),
+    ],
+)
+def test_bad_scorer_parameters_name_the_training_option(kind: str, hyper: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)) as raised:
+        build_scorer(kind, 1, 2, 8, **{"gamma_min": 0.9, "gamma_max": 1.0, **hyper})
+    assert_one_line(str(raised.value))

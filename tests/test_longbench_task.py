@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import datasets
 import pytest
+from conftest import assert_one_line
 from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
@@ -200,7 +203,7 @@ def test_unreachable_hub_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> 
         raise ConnectionError("Couldn't reach 'zai-org/LongBench' on the Hub (OfflineModeIsEnabled)")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(RuntimeError) as error:
+    with pytest.raises(FileNotFoundError) as error:
         LongBenchTask(datasets=["trec"]).records("trec")
     message = str(error.value)
     assert "zai-org/LongBench@36914d6211386125c6fc4ce7db4a6a777fadd34c" in message and "data_dir=trec" in message
@@ -208,7 +211,7 @@ def test_unreachable_hub_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_validation() -> None:
-    with pytest.raises(ValueError, match="unknown LongBench dataset"):
+    with pytest.raises(ValueError, match="unknown dataset 'nope' — choose from narrativeqa, .*qasper_e"):
         LongBenchTask(datasets=["nope"])
     with pytest.raises(ValueError, match="twice"):
         LongBenchTask(datasets=["trec", "trec"])
@@ -229,3 +232,31 @@ def test_hydra_config() -> None:
         compose_config("task=longbench", "task.datasets=[trec,lcc_e]", "task.n=2", "task.max_length=3500").task
     )
     assert task.datasets == ["trec", "lcc_e"] and task.n == 2 and task.max_length == 3500
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"datasets": []}, "task.datasets=[] is empty — choose from narrativeqa,"),
+        ({"datasets": ["trec", "trec"]}, "task.datasets=['trec', 'trec'] lists 'trec' twice — "),
+        ({"n": "all"}, "task.n='all' must be null or an integer >= 1 — use e.g. task.n=50"),
+        ({"max_length": 1}, "task.max_length=1 must be an integer >= 2 — use e.g. task.max_length=3500"),
+        ({"max_length": "4k"}, "task.max_length='4k' must be an integer >= 2 — "),
+        ({"revision": 1234}, "task.revision=1234 is not a string — quote it: task.revision='1234'"),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)) as raised:
+        LongBenchTask(**options)
+    assert_one_line(str(raised.value))
+
+
+def test_records_outside_the_hub_schema_are_refused(tmp_path: Path) -> None:
+    good = json.loads((FIXTURES / "trec.jsonl").read_text().splitlines()[0])
+    (tmp_path / "trec.jsonl").write_text(json.dumps(good) + "\n" + json.dumps({**good, "length": None}) + "\n")
+    with pytest.raises(
+        ValueError, match=r"trec\.jsonl: record 2 has no value for the hub fields \['length'\] — "
+    ) as raised:
+        LongBenchTask(datasets=["trec"], data_dir=str(tmp_path)).records("trec")
+    assert_one_line(str(raised.value))
+    assert "task.data_dir=" in str(raised.value)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from conftest import refused
 from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
@@ -148,7 +149,7 @@ def test_missing_data_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.Mon
         raise ConnectionError("Couldn't reach 'zai-org/LongBench-v2' on the Hub (OfflineModeIsEnabled)")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(RuntimeError, match=r"zai-org/LongBench-v2@2b48e494.*task\.data_dir="):
+    with pytest.raises(FileNotFoundError, match=r"zai-org/LongBench-v2@2b48e494.* — .*task\.data_dir="):
         LongBenchV2Task().records()
 
 
@@ -157,3 +158,22 @@ def test_hydra_config() -> None:
     assert isinstance(task, LongBenchV2Task) and task.cot is True and task.n == 5
     assert task.identity() != LongBenchV2Task().identity()
     assert LongBenchV2Task(n=3).identity() == LongBenchV2Task().identity()
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"n": 0}, "task.n=0 must be null or an integer >= 1 — "),
+        ({"max_length": "long"}, "task.max_length='long' must be an integer >= 2 — use e.g. task.max_length=120000"),
+        ({"data_dir": 5}, "task.data_dir=5 is not a string — quote it"),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> None:
+    refused(lambda: LongBenchV2Task(**options), named)
+
+
+def test_records_outside_the_hub_schema_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "data.json").write_text(json.dumps([{"_id": "a", "question": "q?"}]))
+    with pytest.raises(ValueError, match=r"data\.json: record 1 lacks the hub fields \['domain', .* — ") as raised:
+        LongBenchV2Task(data_dir=str(tmp_path)).records()
+    assert "\n" not in str(raised.value) and "task.data_dir=" in str(raised.value)

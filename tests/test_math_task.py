@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from pathlib import Path
 
 import datasets
 import pytest
+from conftest import refused
 from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
@@ -154,7 +156,7 @@ def test_unreachable_hub_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     hub = MathTask(competitions=["aime_2025"], revisions={"aime_2025": "abc123"})
-    with pytest.raises(RuntimeError, match=r"MathArena/aime_2025@abc123.*to_json\('aime_2025\.jsonl'\)"):
+    with pytest.raises(FileNotFoundError, match=r"MathArena/aime_2025@abc123.* — .*to_json\('aime_2025\.jsonl'\)"):
         hub.problems("aime_2025")
 
 
@@ -194,3 +196,35 @@ def test_configs_instantiate(name: str, competitions: list[str]) -> None:
     built = instantiate(config.task)
     assert isinstance(built, MathTask) and built.name == name and built.competitions == competitions
     assert built.samples == 2 and built.max_new_tokens == 32768 and built.sampling_temperature == 0.6
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (
+            {"competitions": ["aime_2030"]},
+            "task.competitions=['aime_2030'] names an unknown competition 'aime_2030' — choose from aime_2024,",
+        ),
+        ({"competitions": []}, "task.competitions=[] must list competitions once each — "),
+        (
+            {"revisions": {"aime_2030": "main"}},
+            "task.revisions has the key 'aime_2030', not a competition — choose from",
+        ),
+        ({"revisions": {"aime_2024": 1234}}, "task.revisions.aime_2024=1234 is not a string — quote it"),
+        ({"revisions": "main"}, "task.revisions='main' is not a mapping — "),
+        ({"samples": "abc"}, "task.samples='abc' must be an integer >= 1 — use e.g. task.samples=16"),
+        ({"n": 0}, "task.n=0 must be null or an integer >= 1 — "),
+        ({"max_new_tokens": 1.5}, "task.max_new_tokens=1.5 must be an integer >= 1 — "),
+        ({"thinking": "yes"}, "task.thinking='yes' must be null, true or false — use e.g. task.thinking=false"),
+        ({"data_file": 42}, "task.data_file=42 is not a string — quote it"),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> None:
+    refused(lambda: MathTask(**options), named)
+
+
+def test_repeated_problem_ids_are_refused(tmp_path: Path) -> None:
+    twice = tmp_path / "aime_2025.jsonl"
+    twice.write_text('{"problem_idx": 1, "problem": "1+1?", "answer": "2"}\n' * 2)
+    with pytest.raises(ValueError, match=re.escape("aime_2025: problem ids ['1'] in field 'problem_idx' repeat — ")):
+        MathTask(competitions=["aime_2025"], data_file=str(twice)).problems("aime_2025")

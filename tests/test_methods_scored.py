@@ -11,6 +11,7 @@ from pathlib import Path
 import hydra.utils
 import pytest
 import torch
+from conftest import refused
 from hydra import compose, initialize_config_dir
 from torch import Tensor
 
@@ -558,3 +559,30 @@ def test_prefill_attention_needs_the_attention_scorer() -> None:
     without = compose_method("method=inertia")
     without.begin(seq(prefill_len=10, layers=2, kv_heads=2, group=2))
     assert without.wants_prefill_queries == 0 and without.keep(0, prompt_positions(10, 2, 2)) is None
+
+
+@pytest.mark.parametrize(
+    ("build", "named"),
+    [
+        (
+            lambda: EMA(alpha="abc"),
+            "method.aggregator.alpha='abc' must be a number in [0, 1) — use e.g. method.aggregator.alpha=0.8",
+        ),
+        (lambda: EMA(alpha=1.0), "method.aggregator.alpha=1.0 must be a number in [0, 1) — "),
+        (lambda: EMA(alpha=True), "method.aggregator.alpha=True must be a number in [0, 1) — "),
+        (
+            lambda: ScoredEviction(AttentionScorer(), SingleStep(), Selection(rho=0.5), refresh_every="abc"),
+            "method.refresh_every='abc' must be an integer >= 1 — use e.g. method.refresh_every=4",
+        ),
+        (
+            lambda: ScoredEviction(AttentionScorer(), SingleStep(), Selection(rho=0.5), refresh_every=0),
+            "method.refresh_every=0 must be an integer >= 1 — ",
+        ),
+        (
+            lambda: ScoredEviction(VNormScorer(), Cumulative(), Selection(rho=0.5), prefill_attention=True),
+            "method.prefill_attention=true observes attention weights, which VNormScorer does not score — ",
+        ),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(build, named: str) -> None:
+    refused(lambda: build(), named)

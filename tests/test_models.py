@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import huggingface_hub.constants
 import pytest
 import torch
+from transformers import AutoConfig
 
 from harness import models
 from harness.config import model_spec
-from harness.models import ModelSpec, load_model, resolve_dtype
+from harness.models import ModelSpec, load_config, load_model, load_tokenizer, max_positions, resolve_dtype
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_hub_source_loads_a_saved_model(tiny_models, tmp_path):
@@ -52,3 +60,59 @@ def test_random_models_are_gqa_and_reproducible(tiny_models):
         again = load_model(model_spec(name))
         for a, b in zip(model.parameters(), again.parameters(), strict=True):
             assert torch.equal(a, b)
+
+
+def test_first_use_from_two_jobs_at_once_converts_once(tmp_path):
+    # Both processes convert the GGUF into the same empty cache at the same time.
+    script = (
+        "from harness.config import model_spec; from harness.models import load_tokenizer;"
+        "print(load_tokenizer(model_spec('smollm2_135m')).eos_token)"
+    )
+    env = {**os.environ, "EVICTBENCH_CACHE": str(tmp_path)}
+    jobs = [subprocess.Popen([sys.executable, "-c", script], env=env, cwd=ROOT, stderr=subprocess.PIPE) for _ in "ab"]
+    for job in jobs:
+        assert job.wait(timeout=600) == 0, job.stderr.read().decode()[-2000:]
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["smollm2_135m-b179c9523d0e"]
+
+
+def test_a_gguf_other_than_the_pinned_one_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("EVICTBENCH_CACHE", str(tmp_path))
+    spec = model_spec("smollm2_135m")
+    spec.sha256 = "0" * 64
+    with pytest.raises(ValueError, match=r"has SHA-256 b179c952.*not the 0{64} .* — reinstall it"):
+        load_tokenizer(spec)
+
+
+def test_config_overrides_apply_to_pretrained_models(tiny_models, tmp_path):
+    tiny_models["tiny_qwen2"].save_pretrained(tmp_path / "qwen2")
+    spec = ModelSpec(
+        name="local", source="hub", path=str(tmp_path / "qwen2"), device="cpu", config={"num_hidden_layers": 2}
+    )
+    assert load_config(spec).num_hidden_layers == 2
+    assert load_model(spec).config.num_hidden_layers == 2
+    with pytest.raises(ValueError, match=r"model.config.num_hiden_layers is not a field of local's Qwen2Config — "):
+        load_config(ModelSpec(name="local", source="hub", path=str(tmp_path / "qwen2"), config={"num_hiden_layers": 2}))
+
+
+def test_positions_follow_a_configured_rope_scaling():
+    assert max_positions(AutoConfig.for_model("llama", max_position_embeddings=8192)) == 8192
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6}
+    assert max_positions(AutoConfig.for_model("qwen2", max_position_embeddings=32768, rope_parameters=yarn)) == 131072
+    # Llama 3.1 states its extended length already.
+    llama3 = {
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "rope_theta": 5e5,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    }  # fmt: skip
+    assert (
+        max_positions(AutoConfig.for_model("llama", max_position_embeddings=131072, rope_parameters=llama3)) == 131072
+    )
+
+
+def test_the_model_variant_is_what_differs_from_the_preset():
+    preset = model_spec("tiny_llama")
+    assert preset.differences(preset, torch.device("cpu")) == {}
+    changed = model_spec("tiny_llama")
+    changed.dtype, changed.config = "bfloat16", {**changed.config, "num_hidden_layers": 2}
+    assert changed.differences(preset, torch.device("cpu")) == {"config.num_hidden_layers": 2, "dtype": "bfloat16"}
+    smollm2 = model_spec("smollm2_135m")
+    assert smollm2.differences(smollm2, torch.device("cuda")) == {"device": "cuda", "dtype": "bfloat16"}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import hydra.utils
 import pytest
+from conftest import assert_one_line
 from rouge_score import rouge_scorer
 
 from harness.config import compose_config, model_spec
@@ -105,3 +107,43 @@ def test_haystack_from_a_hub_text_dataset(tok: Any) -> None:
     assert task.identity()["haystack_hub"] == hub and "haystack_hub" not in NeedleTask().identity()
     with pytest.raises(ValueError, match="task.haystack_file or task.haystack_hub, not both"):
         NeedleTask(haystack_file="essays.txt", haystack_hub=hub)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"lengths": ["abc"]}, "task.lengths=['abc'] has 'abc', not an integer above task.max_new_tokens=48 — "),
+        ({"lengths": [1024, 1024]}, "task.lengths=[1024, 1024] lists 1024 twice — "),
+        ({"depths": ["a"]}, "task.depths=['a'] must be percentages in [0, 100] — "),
+        ({"depths": [120]}, "task.depths=[120] must be percentages in [0, 100] — "),
+        ({"depths": [50, 50.0]}, "task.depths=[50, 50.0] lists 50 twice — "),
+        ({"n": "abc"}, "task.n='abc' must be an integer >= 1 — "),
+        ({"seed": "abc"}, "task.seed='abc' must be an integer — "),
+        (
+            {"max_new_tokens": "many"},
+            "task.max_new_tokens='many' must be an integer >= 1 — use e.g. task.max_new_tokens=48",
+        ),
+        ({"answer": 123}, "task.answer=123 is not a string — quote it"),
+        ({"answer": "purple bus"}, "task.answer='purple bus' does not occur in task.needle — "),
+        ({"haystack_file": "essays.txt", "haystack_hub": {"path": "x"}}, "task.haystack_file='essays.txt' and "),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)) as raised:
+        NeedleTask(**options)
+    assert_one_line(str(raised.value))
+
+
+def test_unreadable_haystack_files_name_the_option(tmp_path: Path) -> None:
+    cases = {"missing.txt": None, "binary.txt": b"\xff\xfe\x00text", "empty.txt": b"  \n"}
+    for name, content in cases.items():
+        if content is not None:
+            (tmp_path / name).write_bytes(content)
+    named = {"missing.txt": "is not a file — ", "binary.txt": "is not UTF-8 text", "empty.txt": "is empty — "}
+    for name, expected in named.items():
+        error = FileNotFoundError if cases[name] is None else ValueError
+        with pytest.raises(error, match=re.escape(f"task.haystack_file='{tmp_path / name}' {expected}")) as raised:
+            NeedleTask(haystack_file=str(tmp_path / name)).examples(None)
+        assert_one_line(str(raised.value))
+    with pytest.raises(ValueError, match=re.escape("task.haystack_file=7 is not a path — quote it")):
+        NeedleTask(haystack_file=7).examples(None)

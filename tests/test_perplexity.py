@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import hydra.utils
 import pytest
 import torch
+from conftest import assert_one_line
 
 from harness import kv_cache
 from harness.config import compose_config, model_spec
@@ -65,10 +67,13 @@ def test_missing_hub_data_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
     task = PerplexityTask(hub={"path": "wikitext", "name": "wikitext-103-raw-v1", "split": "test"})
     with pytest.raises(
-        RuntimeError, match=r"wikitext \(wikitext-103-raw-v1\).*task\.hub\.data_files=path/to/file\.jsonl"
+        FileNotFoundError,
+        match=r"wikitext@None \(wikitext-103-raw-v1\).* — .*task\.hub\.data_files=path/to/file\.jsonl",
     ):
         task.examples(None)
-    with pytest.raises(ValueError, match=r"task\.hub: .*'dataset'.*path, name, split, revision, column, data_files"):
+    with pytest.raises(
+        ValueError, match=r"task\.hub=.*\['dataset'\] — .*path, name, split, revision, column, data_files"
+    ):
         PerplexityTask(hub={"dataset": "wikitext"})
     with pytest.raises(ValueError, match="not both"):
         PerplexityTask(hub={"path": "wikitext"}, text_file="x.txt")
@@ -120,3 +125,35 @@ def test_config_instantiates() -> None:
     task = hydra.utils.instantiate(compose_config("task=ppl", hub).task)
     assert task.hub == {"path": "wikitext", "name": "wikitext-103-raw-v1", "split": "test"}
     assert task.identity()["source"]["path"] == "wikitext"
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"prefill": "abc"}, "task.prefill='abc' must be an integer >= 1 — use e.g. task.prefill=1024"),
+        ({"eval_tokens": 0}, "task.eval_tokens=0 must be an integer >= 1 — "),
+        ({"n": 1.5}, "task.n=1.5 must be an integer >= 1 — "),
+        (
+            {"hub": "wikitext"},
+            "task.hub='wikitext' is not a mapping of path, name, split, revision, column, data_files — ",
+        ),
+        ({"hub": {"name": "wikitext-103-raw-v1"}}, "task.hub.path=None is not a dataset id — "),
+        ({"hub": {"path": "wikitext", "revision": 1234}}, "task.hub.revision=1234 is not a string — quote it"),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)) as raised:
+        PerplexityTask(**options)
+    assert_one_line(str(raised.value))
+
+
+def test_hub_rows_that_are_not_text_are_refused(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "one"}\n{"text": null}\n')
+    task = PerplexityTask(hub={"path": "wikitext", "data_files": str(rows)})
+    with pytest.raises(
+        ValueError, match=re.escape("wikitext: row 2 of column 'text' holds None, not text — ")
+    ) as raised:
+        task.examples(None)
+    assert_one_line(str(raised.value))
+    assert "task.hub.data_files" in str(raised.value)

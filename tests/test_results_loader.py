@@ -137,6 +137,7 @@ def test_empty_or_missing_root_gives_empty_table(tmp_path: Path) -> None:
 def test_run_id_parsing() -> None:
     assert parse_run_id("org__model__h2o-0a1b2c3d__ruler-ffffffff__rho0.5__seed3") == {
         "model": "org__model",
+        "model_params": None,
         "method": "h2o",
         "method_params": "0a1b2c3d",
         "task": "ruler",
@@ -144,5 +145,8 @@ def test_run_id_parsing() -> None:
         "rho": "0.5",
         "seed": "3",
     }
+    assert (
+        parse_run_id("tiny_llama-0a1b2c3d__h2o-0a1b2c3d__ruler-ffffffff__rho0.5__seed3")["model_params"] == "0a1b2c3d"
+    )
     with pytest.raises(ValueError, match="not a run id"):
         parse_run_id("no-run-id-here")

@@ -10,6 +10,7 @@ from typing import Any
 
 import hydra.utils
 import pytest
+from conftest import assert_one_line
 
 from harness.config import compose_config, model_spec
 from harness.models import load_tokenizer
@@ -250,7 +251,56 @@ def test_missing_qa_data_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch, tmp
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
-    with pytest.raises(RuntimeError, match=r"rajpurkar/squad_v2.*task\.data_files\.qa_1=path/to/file\.jsonl"):
+    with pytest.raises(FileNotFoundError, match=r"rajpurkar/squad_v2.* — .*task\.data_files\.qa_1=path/to/file\.jsonl"):
         RulerTask(tasks=["qa_1"], lengths=[1024], n=1).examples(None)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         RulerTask(tasks=["qa_2"], lengths=[1024], n=1, data_files={"qa_2": str(tmp_path / "no.jsonl")}).examples(None)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"tasks": ["nia"]}, "task.tasks=['nia'] names an unknown subtask 'nia' — choose from niah_single_1,"),
+        ({"tasks": []}, "task.tasks=[] is empty — choose from niah_single_1,"),
+        ({"tasks": ["vt", "vt"]}, "task.tasks=['vt', 'vt'] lists 'vt' twice — "),
+        ({"lengths": ["abc"]}, "task.lengths=['abc'] has 'abc', not an integer"),
+        ({"lengths": [100]}, "task.lengths=[100] has 100, not an integer above RULER's 128 generated tokens — "),
+        ({"lengths": [1024, 1024]}, "task.lengths=[1024, 1024] lists 1024 twice — "),
+        ({"n": "abc"}, "task.n='abc' must be an integer >= 1 — use e.g. task.n=10"),
+        ({"n": 0}, "task.n=0 must be an integer >= 1 — "),
+        ({"seed": 1.5}, "task.seed=1.5 must be an integer — "),
+        ({"data_files": "squad.jsonl"}, "task.data_files='squad.jsonl' is not a mapping — "),
+        ({"data_files": {"qa_3": "x.jsonl"}}, "task.data_files has the key 'qa_3', not a qa subtask — key it by qa_1"),
+        ({"revisions": {"qa_1": 1234}}, "task.revisions.qa_1=1234 is not a string — quote it"),
+        ({"haystack_hub": "wikitext"}, "task.haystack_hub='wikitext' is not a mapping of path, name,"),
+        ({"haystack_hub": {"path": "wikitext", "rows": 3}}, "has unknown fields ['rows'] — its fields are path,"),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)) as raised:
+        RulerTask(**options)
+    assert_one_line(str(raised.value))
+
+
+def test_qa_data_outside_the_hub_schema_is_refused(tmp_path: Path) -> None:
+    columns = tmp_path / "columns.jsonl"
+    columns.write_text('{"title": "t", "question": "q?"}\n')
+    with pytest.raises(ValueError, match=r"columns\.jsonl'.*lack the fields \['context', 'answers'\] — ") as raised:
+        qa.load("squad", str(columns), None, "task.data_files.qa_1")
+    assert_one_line(str(raised.value))
+    assert "task.data_files.qa_1=" in str(raised.value)
+    nesting = tmp_path / "nesting.jsonl"
+    nesting.write_text('{"title": "t", "context": "c", "question": "q?", "answers": "a"}\n')
+    with pytest.raises(
+        ValueError, match=r"nesting\.jsonl'.*does not follow the schema of rajpurkar/squad_v2"
+    ) as raised:
+        qa.load("squad", str(nesting), None, "task.data_files.qa_1")
+    assert_one_line(str(raised.value))
+
+
+def test_too_many_qa_questions_and_too_short_fwe_lengths_say_what_to_change(tok: Any) -> None:
+    with pytest.raises(ValueError, match=r"task\.n=99 asks for more qa_1 questions than the data holds") as raised:
+        RulerTask(tasks=["qa_1"], lengths=[1024], n=99, data_files=QA_FILES).examples(tok)
+    assert_one_line(str(raised.value))
+    with pytest.raises(ValueError, match=r"task\.lengths has 200, too short for fwe.* — use lengths of at least 300"):
+        freq_words.FweConfig().minimum(200)

@@ -1,46 +1,51 @@
-"""``python -m harness.run`` end to end on a tiny model: run ids, records, resumption, errors."""
+"""``python -m harness.run`` end to end on a tiny model: run ids, records, resumption, refusals."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 from hydra.errors import MissingConfigException
+from hydra.utils import instantiate
 
 from harness import run as harness_run
 from harness.config import compose_config
+from harness.errors import UserError
 from harness.report import runs_table
 from harness.run import execute, run_id
-from tasks.ruler.task import RulerTask
+from harness.schema import RECORD_FIELDS, RunId
+from methods.kvpop import CheckpointInfo, build_scorer, save_checkpoint
 
 TINY = ("model=tiny_llama", "task.lengths=[512]", "task.n=2", "threads=1")
 
-RECORD_FIELDS = {
-    "run_id", "model", "method", "task", "subtask", "rho", "seed", "example_id", "prediction", "answers",
-    "metrics", "prefill_len", "budget", "cache_len_final", "kv_bytes_final", "kv_bytes_full", "prefill_s",
-    "decode_s", "new_tokens", "decode_tokens_per_s", "score_s", "evict_s", "meta",
-}  # fmt: skip
+
+def records_of(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
 
 
 def test_run_writes_records_and_resumes(tmp_path, monkeypatch):
     cfg = compose_config(*TINY, "method=inertia", "rho=0.5", f"results_dir={tmp_path}")
     summary = execute(cfg)
     folder = tmp_path / summary["run_id"]
-    lines = (folder / "records.jsonl").read_text().splitlines()
-    assert len(lines) == 2
-    records = [json.loads(line) for line in lines]
+    records = records_of(folder)
+    assert len(records) == 2
     for r in records:
-        assert set(r) == RECORD_FIELDS
+        assert list(r) == list(RECORD_FIELDS)
         assert r["budget"] == r["prefill_len"] // 2
         assert r["cache_len_final"] == r["budget"]
         assert r["kv_bytes_final"] < r["kv_bytes_full"]
         assert set(r["metrics"]) == {"string_match_all"}
+        assert r["identity"]["model"]["dtype"] == "float32" and r["identity"]["model"]["device"] == "cpu"
+        assert r["identity"]["method"]["aggregator"]["alpha"] == 0.8
+        assert r["identity"]["task"] == instantiate(cfg.task).identity()
     assert [r["example_id"] for r in records] == ["niah_single_1/512/0000", "niah_single_1/512/0001"]
     assert summary["n"] == 2 and "niah_single_1" in summary["subtasks"]
     assert json.loads((folder / "summary.json").read_text())["n"] == 2
     assert (folder / "config.yaml").read_text().count("rho: 0.5") >= 1
     provenance = json.loads((folder / "provenance.jsonl").read_text().splitlines()[0])
-    assert {"git_commit", "packages", "device"} <= set(provenance)
+    assert {"git_commit", "packages", "device", "identity", "run_id"} <= set(provenance)
+    assert provenance["identity"] == records[0]["identity"]
 
     # Same config: nothing to run, so the model is never even loaded.
     def no_model(spec):
@@ -52,38 +57,137 @@ def test_run_writes_records_and_resumes(tmp_path, monkeypatch):
     # Widening the example set resumes into the same folder and runs only the new example.
     wider = compose_config(*TINY[:-2], "task.n=3", "method=inertia", "rho=0.5", f"results_dir={tmp_path}")
     assert execute(wider)["run_id"] == summary["run_id"]
-    assert len((folder / "records.jsonl").read_text().splitlines()) == 3
+    assert len(records_of(folder)) == 3
     row = runs_table(tmp_path)[["model", "method", "task", "rho", "n"]].values.tolist()
     assert row == [["tiny_llama", "inertia", "ruler", 0.5, 3]]
 
 
-def test_run_id_follows_the_config_not_the_clock():
-    base = compose_config("method=inertia", "rho=0.9")
-    task = RulerTask()
-    assert run_id(base, task) == run_id(compose_config("method=inertia", "rho=0.9"), task)
-    assert run_id(base, task).startswith("smollm2_135m__inertia-")
-    assert run_id(base, task).endswith("__rho0.9__seed0")
-    changed = compose_config("method=inertia", "rho=0.9", "method.aggregator.alpha=0.5")
-    assert run_id(changed, task) != run_id(base, task)
-    assert run_id(compose_config("method=inertia", "method/scorer=vnorm"), task) != run_id(base, task)
-    sampled = compose_config("method=inertia", "sampling.temperature=0.7")
-    assert run_id(sampled, task) != run_id(base, task)
+def rid(*overrides: str) -> str:
+    cfg = compose_config(*overrides)
+    return run_id(cfg, instantiate(cfg.task))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (("method=inertia", "rho=0.9"), "smollm2_135m__inertia-9ff7aff7__ruler-ae427061__rho0.9__seed0"),
+        (
+            ("model=tiny_llama", "method=tova", "rho=0.5", "task.lengths=[512]"),
+            "tiny_llama__tova-6d526e4e__ruler-ae427061__rho0.5__seed0",
+        ),
+        (("task=dialogs", "method=fdkvc"), "world__fdkvc-62a33f77__dialogs-2b85df17__rho0.9__seed0"),
+        (("method=h2o", "task=needle"), "smollm2_135m__h2o-f0b28f8f__needle-c380edc6__rho0.9__seed0"),
+        (("sampling.temperature=0.7",), "smollm2_135m__inertia-9ff7aff7__ruler-0b788a4e__rho0.9__seed0"),
+    ],
+)
+def test_run_ids_of_unchanged_configs_are_those_of_earlier_versions(overrides, expected, monkeypatch):
+    # The preset run on a CPU in float32, as every earlier run id assumed.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rid(*overrides) == expected
+
+
+def test_run_id_covers_everything_that_changes_outputs(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    base = ("model=tiny_llama", "method=inertia")
+    variants = {
+        "base": rid(*base),
+        "bf16": rid(*base, "model.dtype=bfloat16"),
+        "layers": rid(*base, "model.config.num_hidden_layers=2"),
+        "positions": rid(*base, "model.config.max_position_embeddings=4096"),
+        "weights": rid(*base, "model.seed=1"),
+        "cuda": rid(*base, "model.dtype=auto", "model.device=cuda"),
+        "alpha": rid(*base, "method.aggregator.alpha=0.5"),
+        "scorer": rid(*base, "method/scorer=vnorm"),
+        "diagnostics": rid(*base, "diagnostics=true"),
+        "sampled": rid(*base, "sampling.temperature=0.7"),
+        "protocol": rid(*base, "task.chat_template=false"),
+        "seed": rid(*base, "seed=1"),
+    }
+    assert len(set(variants.values())) == len(variants)
+    # Only what differs from the preset enters the model part, so it names the variant.
+    assert RunId.parse(variants["base"]).model_params is None
+    assert RunId.parse(variants["bf16"]).model == "tiny_llama"
+    assert RunId.parse(variants["bf16"]).model_params is not None
+    # A CPU run resumed on a GPU (bf16 by default there) goes to another folder.
+    on_cpu = rid("method=inertia")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert RunId.parse(rid("method=inertia")).model_params is not None
+    assert rid("method=inertia") != on_cpu
+    # Selecting which examples run is not part of the identity.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rid(*base, "task.n=50", "task.lengths=[4096]") == variants["base"]
+
+
+def tiny_checkpoint(path, seed: int) -> str:
+    torch.manual_seed(seed)
+    scorer = build_scorer("mlp", 3, 2, 16, gamma_min=0.999, gamma_max=1.0, hidden=8)
+    info = CheckpointInfo("tiny_llama", 3, 2, 16, scorer.hyperparameters(), {"s": 4, "w": 8, "k": 16, "n": 1})
+    return str(save_checkpoint(scorer, path, info))
+
+
+def test_a_retrained_checkpoint_at_the_same_path_is_another_run(tmp_path):
+    path = tmp_path / "scorer.safetensors"
+    overrides = ("model=tiny_llama", "method=kvpop_mlp", f"method.checkpoint={path}")
+    tiny_checkpoint(path, seed=0)
+    first = rid(*overrides)
+    assert rid(*overrides) == first
+    tiny_checkpoint(path, seed=1)
+    assert rid(*overrides) != first
+
+
+def test_dtype_runs_never_share_a_folder(tmp_path):
+    common = (*TINY[:-2], "task.n=1", "method=tova", "rho=0.5", f"results_dir={tmp_path}")
+    fp32 = execute(compose_config(*common))["run_id"]
+    bf16 = execute(compose_config(*common, "model.dtype=bfloat16"))["run_id"]
+    assert fp32 != bf16
+    assert [r["identity"]["model"]["dtype"] for r in records_of(tmp_path / fp32)] == ["float32"]
+    assert [r["identity"]["model"]["dtype"] for r in records_of(tmp_path / bf16)] == ["bfloat16"]
+
+
+def test_records_of_an_edited_preset_are_not_extended(tmp_path):
+    cfg = compose_config(*TINY[:-2], "task.n=1", "method=tova", "rho=0.5", f"results_dir={tmp_path}")
+    folder = tmp_path / execute(cfg)["run_id"]
+    lines = records_of(folder)
+    lines[0]["identity"]["model"]["config"]["hidden_size"] = 32
+    (folder / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    wider = compose_config(*TINY[:-2], "task.n=2", "method=tova", "rho=0.5", f"results_dir={tmp_path}")
+    with pytest.raises(UserError, match=r"made with model\.config\.hidden_size=32, this config has 64 .* move"):
+        execute(wider)
+    assert len(records_of(folder)) == 1
 
 
 @pytest.mark.parametrize("rho", ["1.0", "-0.1", "1.5"])
 def test_rho_outside_range_is_refused(rho, tmp_path):
     cfg = compose_config(*TINY, "method=inertia", f"rho={rho}", f"results_dir={tmp_path}")
-    with pytest.raises(ValueError, match=rf"rho={rho} is outside \[0, 1\)"):
+    with pytest.raises(UserError, match=rf"rho={rho} is outside \[0, 1\) — "):
         execute(cfg)
 
 
-def test_budget_below_window_fails_before_any_generation(tmp_path):
-    cfg = compose_config(*TINY, "method=snapkv", "rho=0.95", f"results_dir={tmp_path}")
-    with pytest.raises(ValueError, match=r"smaller than sinks\+window=0\+32"):
-        execute(cfg)
-    assert not list(tmp_path.glob("*/records.jsonl")) or all(
-        p.read_text() == "" for p in tmp_path.glob("*/records.jsonl")
-    )
+def test_refusals_come_before_the_model_loads_and_leave_no_folder(tmp_path, monkeypatch):
+    def no_model(spec):
+        raise AssertionError("a refused run must not load the model")
+
+    monkeypatch.setattr(harness_run, "load_model", no_model)
+    refused = {
+        r"smaller than sinks\+window=0\+32=32 — lower rho": ("method=snapkv", "rho=0.95"),
+        r"budget_tokens=8\) is smaller than .* — raise method.selection.budget_tokens": (
+            "method=snapkv",
+            "method.selection.budget_tokens=8",
+        ),
+        r"exceed the model's 256 positions — use shorter prompts": (
+            "method=tova",
+            "model.config.max_position_embeddings=256",
+        ),
+        r"sliding_attention layers .* — set model.config.sliding_window=null": (
+            "model=tiny_mistral",
+            "model.config.sliding_window=64",
+        ),
+    }
+    for message, overrides in refused.items():
+        cfg = compose_config(*TINY, *overrides, f"results_dir={tmp_path}")
+        with pytest.raises(UserError, match=message):
+            execute(cfg)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(("group", "bad"), [("method", "tovaa"), ("model", "llama9"), ("task", "rulerr")])
@@ -101,15 +205,16 @@ def test_model_free_task_runs_through_the_harness(tmp_path):
     summary = execute(compose_config(*overrides, "method=fdkvc"))
     assert summary["run_id"].startswith("world__fdkvc-")
     assert summary["n"] == 2 and summary["primary_metric"] == "alignment"
-    records = [json.loads(line) for line in (tmp_path / summary["run_id"] / "records.jsonl").read_text().splitlines()]
-    for record in records:
-        assert record["model"] == "world"
+    for record in records_of(tmp_path / summary["run_id"]):
+        assert record["model"] == "world" and record["identity"]["model"] == {}
         assert record["budget"] == 56 and record["cache_len_final"] <= 56
         assert len(record["meta"]["turns"]["alignment"]) == 10
 
 
-def test_diagnostics_are_written_per_example(tmp_path):
-    cfg = compose_config(*TINY, "method=inertia", "rho=0.5", f"results_dir={tmp_path}", "diagnostics=true")
-    summary = execute(cfg)
-    lines = (tmp_path / summary["run_id"] / "diagnostics.jsonl").read_text().splitlines()
+def test_diagnostics_are_written_per_example_in_their_own_run(tmp_path):
+    overrides = (*TINY, "method=inertia", "rho=0.5", f"results_dir={tmp_path}")
+    plain = execute(compose_config(*overrides))["run_id"]
+    traced = execute(compose_config(*overrides, "diagnostics=true"))["run_id"]
+    assert traced != plain and not (tmp_path / plain / "diagnostics.jsonl").exists()
+    lines = (tmp_path / traced / "diagnostics.jsonl").read_text().splitlines()
     assert [json.loads(line)["example_id"] for line in lines] == ["niah_single_1/512/0000", "niah_single_1/512/0001"]

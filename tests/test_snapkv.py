@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import refused
 from torch import Tensor
 
 from methods.base import LayerView, SequenceInfo
@@ -192,3 +193,26 @@ def test_snapkv_requires_head_granularity_and_a_window() -> None:
         SnapKV(selection=Selection(rho=0.5, window=4, granularity="layer"))
     with pytest.raises(ValueError, match="window"):
         SnapKV(selection=Selection(rho=0.5, window=0, granularity="head"))
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (
+            {"kernel_size": "abc"},
+            "method.kernel_size='abc' must be a positive odd integer — use e.g. method.kernel_size=7",
+        ),
+        ({"kernel_size": -3}, "method.kernel_size=-3 must be a positive odd integer — "),
+        ({"pooling": "min"}, "method.pooling='min' is not a pooling — use one of max, avg"),
+        (
+            {"selection": Selection(rho=0.5, window=4, granularity="layer")},
+            "method.selection.granularity='layer' does not suit SnapKV, which selects per KV head — ",
+        ),
+        (
+            {"selection": Selection(rho=0.5, window=0, granularity="head")},
+            "method.selection.window=0 leaves SnapKV no observation window — ",
+        ),
+    ],
+)
+def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> None:
+    refused(lambda: SnapKV(**{"selection": Selection(rho=0.5, window=4, granularity="head"), **options}), named)

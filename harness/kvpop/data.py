@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.corpora import load_rows, read_text
+from tasks.corpora import hub_dataset, read_text
 
 
 def documents(data_file: str | None, hub: dict[str, Any] | None) -> list[str]:
@@ -17,12 +17,14 @@ def documents(data_file: str | None, hub: dict[str, Any] | None) -> list[str]:
     if hub is None:
         return [read_text(data_file, "kvpop.data.file")]
     if data_file is not None:
-        raise ValueError("set kvpop.data.file or kvpop.data.hub, not both")
+        raise ValueError("kvpop.data.file and kvpop.data.hub are both set — set one of them")
     fields = dict(hub)
     if fields.get("revision") is None and fields.get("data_files") is None:
-        raise ValueError(f"kvpop.data.hub={fields} needs a pinned revision (a commit or tag of {fields.get('path')})")
+        raise ValueError(
+            f"kvpop.data.hub={fields} has no revision — pin a commit or tag of {fields.get('path')} (revision=...)"
+        )
     column = fields.pop("column", "text")
-    rows = load_rows(
+    rows = hub_dataset(
         fields["path"],
         fields.get("name"),
         fields.get("split", "train"),
@@ -31,7 +33,9 @@ def documents(data_file: str | None, hub: dict[str, Any] | None) -> list[str]:
         "kvpop.data.hub.data_files",
     )
     if column not in rows.column_names:
-        raise ValueError(f"{fields['path']}: no column {column!r} (columns: {rows.column_names})")
+        raise ValueError(
+            f"{fields['path']}: no column {column!r} — set kvpop.data.hub.column to one of {rows.column_names}"
+        )
     return [text for text in rows[column] if isinstance(text, str) and text.strip()]
 
 
@@ -61,5 +65,5 @@ def token_windows(tokenizer: Any, texts: list[str], length: int, count: int, ski
             index += 1
     raise ValueError(
         f"the training text yields {max(index - skip, 0)} windows of {length} tokens after skipping {skip}, "
-        f"fewer than the {count} asked for: lower the count, the skip or the window length, or add text"
+        f"fewer than the {count} asked for — lower the count, the skip or the window length, or add text"
     )

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from methods.kvpop.scorers import KVpopScorer, build_scorer
 
 METADATA_KEY = "kvpop"
-RETRAIN = ": train a scorer for that model with `python -m harness.train_kvpop model=<model>`"
+TRAIN = "train one with python -m harness.train_kvpop model=<model> and pass method.checkpoint=<path>.safetensors"
+WRITTEN_BY = "pass a checkpoint written by python -m harness.train_kvpop"
 
 
 @dataclass
@@ -45,20 +46,22 @@ class CheckpointInfo:
     def describe(self) -> str:
         return f"{self.model} ({self.layers} layers, {self.kv_heads} KV heads, head_dim {self.head_dim})"
 
-    def check_model(self, model: str) -> None:
+    def check_model(self, model: str, checkpoint: str) -> None:
         """Refuse a model other than the one the scorer was trained on, naming both."""
         if model != self.model:
             raise ValueError(
-                f"the KVpop checkpoint was trained for {self.describe()} but is used with {model}{RETRAIN}"
+                f"KVpop checkpoint {checkpoint!r} was trained for {self.describe()} but is used with "
+                f"model={model!r} — train one for {model} with python -m harness.train_kvpop model={model} "
+                "and pass method.checkpoint=<path>.safetensors"
             )
 
-    def check_geometry(self, layers: int, kv_heads: int, head_dim: int | None = None) -> None:
+    def check_geometry(self, checkpoint: str, layers: int, kv_heads: int, head_dim: int | None = None) -> None:
         """Refuse an attention geometry other than the checkpoint's (``head_dim`` None: not known yet)."""
         if (layers, kv_heads) != (self.layers, self.kv_heads) or head_dim not in (None, self.head_dim):
             dim = "" if head_dim is None else f", head_dim {head_dim}"
             raise ValueError(
-                f"the KVpop checkpoint was trained for {self.describe()} but is used with a model of "
-                f"{layers} layers, {kv_heads} KV heads{dim}{RETRAIN}"
+                f"KVpop checkpoint {checkpoint!r} was trained for {self.describe()} but is used with a model of "
+                f"{layers} layers, {kv_heads} KV heads{dim} — {TRAIN}"
             )
 
 
@@ -77,16 +80,24 @@ def load_checkpoint(path: str | Path) -> tuple[KVpopScorer, CheckpointInfo]:
     """The scorer stored at ``path`` (eval mode, CPU) and what it was made for."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"KVpop checkpoint {str(path)!r} does not exist: train one with "
-            "`python -m harness.train_kvpop model=<model>` and pass method.checkpoint=<path>.safetensors"
-        )
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata() or {}
+        raise FileNotFoundError(f"KVpop checkpoint {str(path)!r} does not exist — {TRAIN}")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except SafetensorError as error:
+        raise ValueError(f"{path} is not a safetensors file ({error}) — {WRITTEN_BY}") from None
     if METADATA_KEY not in metadata:
-        raise ValueError(f"{path} is a safetensors file without KVpop metadata: not a KVpop checkpoint")
-    info = CheckpointInfo(**json.loads(metadata[METADATA_KEY]))
-    hyper = dict(info.scorer)
-    scorer = build_scorer(hyper.pop("kind"), info.layers, info.kv_heads, info.head_dim, **hyper)
-    scorer.load_state_dict(load_file(str(path)))
+        raise ValueError(f"{path} is a safetensors file without KVpop metadata — {WRITTEN_BY}")
+    try:
+        info = CheckpointInfo(**json.loads(metadata[METADATA_KEY]))
+        hyper = dict(info.scorer)
+        kind = hyper.pop("kind")
+    except (ValueError, TypeError, KeyError) as error:  # JSONDecodeError and dict() of a non-mapping: ValueError
+        raise ValueError(f"{path} holds malformed KVpop metadata ({error!r}) — {WRITTEN_BY}") from None
+    scorer = build_scorer(kind, info.layers, info.kv_heads, info.head_dim, **hyper)
+    try:
+        scorer.load_state_dict(load_file(str(path)))
+    except RuntimeError:
+        # load_state_dict lists every missing or mismatched tensor, over many lines.
+        raise ValueError(f"{path}: the stored tensors do not match its {kind} scorer — {WRITTEN_BY}") from None
     return scorer.eval(), info

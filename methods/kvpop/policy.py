@@ -12,9 +12,10 @@ import torch
 from torch import Tensor
 
 from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
-from methods.kvpop.checkpoint import load_checkpoint
-from methods.kvpop.scorers import MLSTMScorer, MLSTMState
-from methods.selection import Selection
+from methods.kvpop.checkpoint import TRAIN, load_checkpoint
+from methods.kvpop.scorers import SCORERS, MLSTMScorer, MLSTMState
+from methods.options import require_int
+from methods.selection import Selection, check_rho, exact_floor
 
 
 def effective_score(scores: Tensor, positions: Tensor, query: int | Tensor, log_gamma: Tensor, bucket: int) -> Tensor:
@@ -74,31 +75,60 @@ class KVpop(EvictionMethod):
     name: str = "kvpop"
 
     def __post_init__(self) -> None:
-        if self.checkpoint is None:
+        if not isinstance(self.checkpoint, str):
+            raise ValueError(f"method.checkpoint={self.checkpoint!r} is not a checkpoint path — {TRAIN}")
+        if self.scorer is not None and self.scorer not in SCORERS:
             raise ValueError(
-                "method=kvpop needs method.checkpoint=<path>.safetensors "
-                "(train one with `python -m harness.train_kvpop model=<model>`)"
+                f"method.scorer={self.scorer!r} is not a KVpop scorer — use one of {', '.join(sorted(SCORERS))}, "
+                "or null to accept either"
             )
+        check_rho(self.rho)
+        k = self.k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            # The only budget check a fixed k needs: s + w + k then always holds the sinks and window.
+            raise ValueError(
+                f"method.k={k!r} is not a number >= 1 of older tokens kept beyond sinks+window — raise method.k, "
+                "e.g. method.k=96, or set method.k=null to follow rho"
+            )
+        # None takes the checkpoint's training value, so only a given value is checked here.
+        for option, minimum, example in (("sinks", 0, 4), ("window", 0, 32), ("bucket", 1, 1)):
+            if getattr(self, option) is not None:
+                require_int(f"method.{option}", getattr(self, option), minimum, example)
         self.net, self.trained = load_checkpoint(self.checkpoint)
         if self.scorer is not None and self.net.kind != self.scorer:
             raise ValueError(
-                f"method {self.name} expects a {self.scorer} scorer; {self.checkpoint} holds {self.net.kind}"
+                f"method.scorer={self.scorer!r} but method.checkpoint={self.checkpoint!r} holds a {self.net.kind} "
+                f"scorer — pass a {self.scorer} checkpoint (python -m harness.train_kvpop kvpop.scorer={self.scorer}), "
+                f"or use method.scorer={self.net.kind}"
             )
         if self.model is not None:
-            self.trained.check_model(self.model)
+            self.trained.check_model(self.model, self.checkpoint)
         policy = self.trained.policy
         self.s = policy["s"] if self.sinks is None else self.sinks
         self.w = policy["w"] if self.window is None else self.window
         self.n = policy["n"] if self.bucket is None else self.bucket
-        if self.n < 1 or (self.k is not None and self.k < 1):
-            raise ValueError(f"bucket n={self.n} and k={self.k} must be >= 1")
-        budget = None if self.k is None else self.s + self.w + self.k
-        self.selection = Selection(rho=self.rho, budget_tokens=budget, sinks=self.s, window=self.w, granularity="head")
+        self.selection = Selection(sinks=self.s, window=self.w, granularity="head")
+
+    def budget_for(self, prefill_len: int) -> int | None:
+        """``B = s + w + k`` with a fixed ``k``, else ``floor((1 - rho) L0)``; None when nothing is evicted."""
+        if self.k is not None:
+            return self.s + self.w + self.k
+        if self.rho == 0.0:
+            return None
+        budget = exact_floor((1.0 - self.rho) * prefill_len)
+        protected = self.s + self.w
+        if budget < max(protected, 1):
+            raise ValueError(
+                f"KVpop budget B={budget} (rho={self.rho} of L0={prefill_len} prompt tokens) is smaller than "
+                f"sinks+window={self.s}+{self.w}={protected} — lower rho or use longer prompts, or fix the budget "
+                "with method.k"
+            )
+        return budget
 
     def begin(self, info: SequenceInfo) -> None:
         super().begin(info)
-        self.trained.check_geometry(info.num_layers, info.num_kv_heads)
-        self._budget = self.selection.budget_for(info.prefill_len)
+        self.trained.check_geometry(self.checkpoint, info.num_layers, info.num_kv_heads)
+        self._budget = self.budget_for(info.prefill_len)
         self.net.to(info.device)
         with torch.no_grad():
             self._log_gamma = self.net.log_gamma()
@@ -118,7 +148,7 @@ class KVpop(EvictionMethod):
 
     def observe(self, view: LayerView) -> None:
         layer = view.layer
-        self.trained.check_geometry(self.info.num_layers, self.info.num_kv_heads, view.keys.shape[-1])
+        self.trained.check_geometry(self.checkpoint, self.info.num_layers, self.info.num_kv_heads, view.keys.shape[-1])
         seen = int(view.positions[0, -1]) + 1
         count = seen - self._scored[layer]
         # New entries are appended at the end of the cache: the whole prompt at step 1, then one per step.

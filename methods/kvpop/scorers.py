@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from methods.options import is_number, require_int
+
 #: Finite stand-in for the stabiliser of an empty mLSTM state (``-inf`` would give NaN in ``-inf - -inf``).
 EMPTY_STABILISER = -1e30
 
@@ -126,8 +128,11 @@ class KVpopScorer(nn.Module):
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, gamma_min: float, gamma_max: float) -> None:
         super().__init__()
-        if not 0.0 < gamma_min <= gamma_max <= 1.0:
-            raise ValueError(f"need 0 < gamma_min={gamma_min} <= gamma_max={gamma_max} <= 1")
+        if not (is_number(gamma_min) and is_number(gamma_max) and 0.0 < gamma_min <= gamma_max <= 1.0):
+            raise ValueError(
+                f"kvpop.gamma_min={gamma_min!r} and kvpop.gamma_max={gamma_max!r} must be numbers with "
+                "0 < gamma_min <= gamma_max <= 1 — use e.g. kvpop.gamma_min=0.99 kvpop.gamma_max=1.0"
+            )
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.gamma_min, self.gamma_max = gamma_min, gamma_max
         self.gamma_logit = nn.Parameter(torch.zeros(layers, kv_heads))
@@ -165,6 +170,7 @@ class MLPScorer(KVpopScorer):
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, gamma_min: float, gamma_max: float, hidden: int):
         super().__init__(layers, kv_heads, head_dim, gamma_min, gamma_max)
+        require_int("kvpop.hidden", hidden, minimum=1, example=32)
         self.hidden = hidden
         width = 2 * head_dim
         self.w1 = stacked(layers, kv_heads, width, hidden, scale=width**-0.5)
@@ -211,8 +217,13 @@ class MLSTMScorer(KVpopScorer):
         chunk: int = 64,
     ) -> None:
         super().__init__(layers, kv_heads, head_dim, gamma_min, gamma_max)
-        if delay < 0:
-            raise ValueError(f"delay={delay} must be >= 0")
+        if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+            raise ValueError(
+                f"kvpop.w={delay!r}, the mLSTM readout delay, must be an integer >= 0 — use e.g. kvpop.w=32, "
+                "or kvpop.delayed=false"
+            )
+        require_int("kvpop.cell_dim", cell_dim, minimum=1, example=16)
+        require_int("kvpop.chunk", chunk, minimum=1, example=64)
         self.cell_dim, self.delay, self.chunk = cell_dim, delay, chunk
         width = 2 * head_dim
         self.w_qkv = stacked(layers, kv_heads, width, 3 * cell_dim, scale=width**-0.5)
@@ -270,5 +281,5 @@ SCORERS: dict[str, type[KVpopScorer]] = {"mlp": MLPScorer, "mlstm": MLSTMScorer}
 def build_scorer(kind: str, layers: int, kv_heads: int, head_dim: int, **hyper: float | int | bool) -> KVpopScorer:
     """A scorer of ``kind`` (``mlp`` or ``mlstm``) for the given geometry."""
     if kind not in SCORERS:
-        raise ValueError(f"scorer kind {kind!r} is not one of {sorted(SCORERS)}")
+        raise ValueError(f"kvpop.scorer={kind!r} is not a KVpop scorer — use one of {', '.join(sorted(SCORERS))}")
     return SCORERS[kind](layers, kv_heads, head_dim, **hyper)

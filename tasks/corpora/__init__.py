@@ -6,13 +6,13 @@ to the bundled text (see ``README.md`` here) so that nothing downloads at run ti
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import datasets
+from tasks.hub import load_split
 
 BUNDLED = Path(__file__).with_name("asv_genesis_numbers.txt")
 BUNDLED_NAME = "asv_genesis_numbers"
@@ -25,12 +25,21 @@ def read_text(path: str | None, option: str) -> str:
     """
     if path is None:
         return BUNDLED.read_text(encoding="utf-8")
+    bundled = f"or leave {option} null to use the bundled corpus"
+    if not isinstance(path, str):
+        raise ValueError(f"{option}={path!r} is not a path — quote it: {option}='{path}', {bundled}")
     file = Path(path)
     if not file.is_file():
-        raise FileNotFoundError(f"{option}={path!r} is not a file (leave it null to use the bundled corpus)")
-    text = file.read_text(encoding="utf-8")
+        raise FileNotFoundError(f"{option}={path!r} is not a file — pass an existing text file, {bundled}")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{option}={path!r} is not UTF-8 text ({error.reason} at byte {error.start}) — pass a plain-text file, "
+            f"{bundled}"
+        ) from None
     if not text.strip():
-        raise ValueError(f"{option}={path!r} is empty")
+        raise ValueError(f"{option}={path!r} is empty — pass a file that holds text, {bundled}")
     return text
 
 
@@ -56,29 +65,47 @@ class HubText:
 
     def load(self, option: str) -> str:
         """The joined text; ``option`` names the config field holding these fields, for messages."""
-        rows = load_rows(self.path, self.name, self.split, self.revision, self.data_files, f"{option}.data_files")
+        rows = hub_dataset(self.path, self.name, self.split, self.revision, self.data_files, f"{option}.data_files")
         if self.column not in rows.column_names:
-            raise ValueError(f"{self.path}: no column {self.column!r} (columns: {rows.column_names})")
+            raise ValueError(
+                f"{self.path}: no column {self.column!r} — set {option}.column to one of {rows.column_names}"
+            )
+        texts = rows[self.column]
+        for number, text in enumerate(texts, start=1):
+            if not isinstance(text, str):
+                raise ValueError(
+                    f"{self.path}: row {number} of column {self.column!r} holds {text!r}, not text "
+                    f"— set {option}.column to a text column, or fix that row of {option}.data_files"
+                )
         # The convention of transformers' perplexity guide for wikitext: rows joined by a blank line.
-        return "\n\n".join(rows[self.column])
+        return "\n\n".join(texts)
 
 
 def checked_hub(file: str | None, hub: Mapping[str, Any] | None, file_option: str, hub_option: str) -> dict | None:
     """Validate a text source given as a file or as hub fields (not both); the hub fields as a plain dict.
 
-    Hydra hands over a DictConfig; ``HubText`` refuses unknown field names.
+    Hydra hands over a DictConfig, with whatever the command line said: unknown field names and
+    values that are not strings (``revision: 1234`` parses as an int) are refused before any download.
     """
     if file is not None and hub is not None:
-        raise ValueError(f"set {file_option} or {hub_option}, not both")
+        raise ValueError(
+            f"{file_option}={file!r} and {hub_option} are both set — set {file_option} or {hub_option}, not both"
+        )
     if hub is None:
         return None
+    known = [option.name for option in dataclasses.fields(HubText)]
+    example = f"{hub_option}='{{path: wikitext, name: wikitext-103-raw-v1, split: test}}'"
+    if not isinstance(hub, Mapping):
+        raise ValueError(f"{hub_option}={hub!r} is not a mapping of {', '.join(known)} — use e.g. {example}")
     fields = dict(hub)
-    try:
-        HubText(**fields)
-    except TypeError as error:
-        raise ValueError(
-            f"{hub_option}: {error}; its fields are path, name, split, revision, column, data_files"
-        ) from error
+    unknown = [name for name in fields if name not in known]
+    if unknown:
+        raise ValueError(f"{hub_option}={fields!r} has unknown fields {unknown} — its fields are {', '.join(known)}")
+    if not isinstance(fields.get("path"), str):
+        raise ValueError(f"{hub_option}.path={fields.get('path')!r} is not a dataset id — use e.g. {example}")
+    for name, value in fields.items():
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{hub_option}.{name}={value!r} is not a string — quote it: {hub_option}.{name}='{value}'")
     return fields
 
 
@@ -89,32 +116,12 @@ def source_text(file: str | None, hub: Mapping[str, Any] | None, file_option: st
     return read_text(file, file_option)
 
 
-def load_rows(
+def hub_dataset(
     path: str, name: str | None, split: str, revision: str | None, data_files: str | None, option: str
-) -> datasets.Dataset:
-    """A ``datasets.Dataset`` from the hub, or from ``data_files`` in the hub's schema.
-
-    A dataset the hub cannot serve (offline, not cached) fails with a message that says how
-    to get it; ``option`` names the config field that takes a local file instead.
-    """
-    import datasets
-
-    if data_files is not None:
-        if not Path(data_files).exists():
-            raise FileNotFoundError(f"data file {data_files!r} does not exist")
-        builder = "parquet" if data_files.endswith(".parquet") else "json"
-        return datasets.load_dataset(builder, data_files=data_files, split="train")
-    try:
-        return datasets.load_dataset(path, name, split=split, revision=revision)
-    except Exception as error:  # datasets raises several unrelated types when offline
-        where = (
-            f"{path}"
-            + (f" ({name})" if name else "")
-            + f", split {split!r}"
-            + (f", revision {revision}" if revision else "")
-        )
-        raise RuntimeError(
-            f"could not load {where} from the Hugging Face hub: {error}. Run once with network access "
-            f"to fill the datasets cache (HF_HUB_OFFLINE unset), or pass {option}=path/to/file.jsonl, a local "
-            f"json/jsonl/parquet copy in the hub's schema."
-        ) from error
+) -> Any:
+    """A ``datasets.Dataset`` from the hub, or from ``data_files`` in the hub's schema (``option`` names that field)."""
+    how_to_get = (
+        "run once with network access to fill the datasets cache (HF_HUB_OFFLINE unset), or pass "
+        f"{option}=path/to/file.jsonl, a local json/jsonl/parquet copy in the hub's schema"
+    )
+    return load_split(path, name=name, split=split, revision=revision, local_file=data_files, how_to_get=how_to_get)

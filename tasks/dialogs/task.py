@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 
 from methods.base import EvictionMethod
-from tasks.base import Example, Task, require_int
+from tasks.base import Example, Task, as_list, require_int, require_number
 from tasks.dialogs.simulate import Trace, adaptation, simulate
 from tasks.dialogs.world import SCENARIOS, Dialogs, WorldConfig, make_dialogs, projections
 
@@ -39,7 +39,7 @@ def for_world(method: EvictionMethod, budget: int, per_head: bool = False) -> Ev
 
 @dataclass
 class DialogTask(Task):
-    """Synthetic multi-turn dialogs with topic dynamics (FD-KVC paper, DESIGN.md).
+    """Synthetic multi-turn dialogs with topic dynamics (the FD-KVC paper's benchmark, arXiv 2608.18098).
 
     Parameters:
         scenarios: subset of ``topic_shift``, ``topic_return``, ``mixed``, ``complex``, ``gradual``.
@@ -77,15 +77,20 @@ class DialogTask(Task):
     late_turns: int = 3
 
     def __post_init__(self) -> None:
-        self.scenarios = list(self.scenarios)
+        self.scenarios = as_list("scenarios", self.scenarios)
         unknown = [s for s in self.scenarios if s not in SCENARIOS]
         if unknown or not self.scenarios:
-            raise ValueError(f"task.scenarios={self.scenarios}: choose from {list(SCENARIOS)}")
-        require_int("n_dialogs", self.n_dialogs)
-        if self.budget < 1:
-            raise ValueError(f"task.budget={self.budget} must be >= 1")
-        if self.late_turns < 1:
-            raise ValueError(f"task.late_turns={self.late_turns} must be >= 1")
+            named = f"names an unknown scenario {unknown[0]!r}" if unknown else "is empty"
+            raise ValueError(f"task.scenarios={self.scenarios!r} {named} — choose from {', '.join(SCENARIOS)}")
+        integers = {"n_dialogs": 600, "budget": 56, "tokens_per_turn": 32, "dim": 64, "head_dim": 16, "late_turns": 3}
+        for option, example in integers.items():
+            require_int(option, getattr(self, option), example=example)
+        require_int("seed", self.seed, minimum=None, example=0)
+        require_number("noise_var", self.noise_var, 0.05, minimum=0.0)
+        for option, example in (("topic_scale", 0.8), ("retention_threshold", 0.3), ("adaptation_threshold", 0.8)):
+            require_number(option, getattr(self, option), example)
+        if self.weight_std is not None:
+            require_number("weight_std", self.weight_std, 0.125)
         self.world = WorldConfig(
             dim=self.dim,
             head_dim=self.head_dim,

@@ -279,7 +279,7 @@ def base_name(dataset: str) -> str:
         return dataset
     if dataset in DATASETS_E:
         return dataset[: -len("_e")]
-    raise ValueError(f"unknown LongBench dataset {dataset!r}; choose from {list(DATASETS) + list(DATASETS_E)}")
+    raise ValueError(f"unknown LongBench dataset {dataset!r} — choose from {', '.join(DATASETS + DATASETS_E)}")
 
 
 def length_bucket(length: int) -> str:

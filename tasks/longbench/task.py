@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tasks.base import Example, Task, require_int
+from tasks.base import Example, Task, as_list, require_int, require_once, require_str
 from tasks.hub import load_rows
 from tasks.longbench import metrics
 from tasks.longbench.prompting import encode, truncate_middle
 from tasks.longbench.protocol import (
     DATASETS,
+    DATASETS_E,
     MAX_NEW_TOKENS,
     METRIC,
     NO_CHAT_TEMPLATE,
@@ -27,6 +28,7 @@ from tasks.longbench.protocol import (
 )
 
 HUB_SCHEMA = ("input", "context", "answers", "length", "dataset", "language", "all_classes", "_id")
+NOT_NULL = ("answers", "length")
 
 
 def build_prompt(dataset: str, record: dict[str, Any]) -> str:
@@ -63,15 +65,18 @@ class LongBenchTask(Task):
 
     def __post_init__(self) -> None:
         # Hydra hands over ListConfig objects; a plain list keeps the task simple and picklable.
-        self.datasets = list(self.datasets)
+        self.datasets = as_list("datasets", self.datasets)
+        choices = f"choose from {', '.join(DATASETS + DATASETS_E)}"
         if not self.datasets:
-            raise ValueError("task.datasets is empty")
+            raise ValueError(f"task.datasets={self.datasets!r} is empty — {choices}")
         for dataset in self.datasets:
-            base_name(dataset)
-        if len(set(self.datasets)) != len(self.datasets):
-            raise ValueError(f"task.datasets lists a dataset twice: {self.datasets}")
-        require_int("n", self.n, optional=True)
-        require_int("max_length", self.max_length, minimum=2)
+            if dataset not in DATASETS and dataset not in DATASETS_E:
+                raise ValueError(f"task.datasets={self.datasets!r} names an unknown dataset {dataset!r} — {choices}")
+        require_once("datasets", self.datasets)
+        require_int("n", self.n, optional=True, example=50)
+        require_int("max_length", self.max_length, minimum=2, example=3500)
+        for option in ("hub_id", "revision", "data_dir"):
+            require_str(option, getattr(self, option), optional=option != "hub_id")
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -96,17 +101,22 @@ class LongBenchTask(Task):
         """The dataset's records in the hub schema, first ``n`` only."""
         local = Path(self.data_dir) / f"{dataset}.jsonl" if self.data_dir is not None else None
         rows = load_rows(
-            hub_id=self.hub_id,
+            self.hub_id,
             revision=self.revision,
             split="test",
-            hub_data_dir=dataset,
+            data_dir=dataset,
             local_file=local,
             how_to_get=self.how_to_get(dataset),
         )
-        for row in rows[:1]:
-            missing = [key for key in HUB_SCHEMA if key not in row]
+        for number, row in enumerate(rows, start=1):
+            # build() needs a list of answers and an int length; other fields may be null (all_classes mostly is).
+            missing = [key for key in HUB_SCHEMA if key not in row or (key in NOT_NULL and row[key] is None)]
             if missing:
-                raise ValueError(f"LongBench {dataset}: records lack the hub fields {missing}")
+                where = local if local is not None else f"{self.hub_id}@{self.revision} ({dataset})"
+                raise ValueError(
+                    f"{where}: record {number} has no value for the hub fields {missing} — pass "
+                    f"task.data_dir=<folder> whose {dataset}.jsonl has the fields {', '.join(HUB_SCHEMA)}"
+                )
         return rows if self.n is None else rows[: self.n]
 
     def build(self, tokenizer: Any, dataset: str, record: dict[str, Any]) -> Example:

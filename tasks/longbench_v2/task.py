@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tasks.base import Example, Task, require_int
+from tasks.base import Example, Task, require_int, require_str
 from tasks.hub import load_rows
 from tasks.longbench.prompting import encode, truncate_middle
 from tasks.longbench_v2.protocol import (
@@ -87,8 +87,10 @@ class LongBenchV2Task(Task):
     _answer_templates: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        require_int("n", self.n, optional=True)
-        require_int("max_length", self.max_length, minimum=2)
+        require_int("n", self.n, optional=True, example=50)
+        require_int("max_length", self.max_length, minimum=2, example=120000)
+        for option in ("hub_id", "revision", "data_dir"):
+            require_str(option, getattr(self, option), optional=option != "hub_id")
 
     def identity(self) -> dict[str, Any]:
         return {
@@ -110,17 +112,18 @@ class LongBenchV2Task(Task):
 
     def records(self) -> list[dict[str, Any]]:
         """The questions in the hub schema, first ``n`` only."""
+        local = Path(self.data_dir) / "data.json" if self.data_dir is not None else None
         rows = load_rows(
-            hub_id=self.hub_id,
-            revision=self.revision,
-            split="train",
-            local_file=Path(self.data_dir) / "data.json" if self.data_dir is not None else None,
-            how_to_get=self.how_to_get(),
+            self.hub_id, revision=self.revision, split="train", local_file=local, how_to_get=self.how_to_get()
         )
-        for row in rows[:1]:
+        for number, row in enumerate(rows, start=1):
             missing = [key for key in HUB_SCHEMA if key not in row]
             if missing:
-                raise ValueError(f"LongBench-v2 records lack the hub fields {missing}")
+                where = local if local is not None else f"{self.hub_id}@{self.revision}"
+                raise ValueError(
+                    f"{where}: record {number} lacks the hub fields {missing} — pass task.data_dir=<folder> whose "
+                    f"data.json has the fields {', '.join(HUB_SCHEMA)}"
+                )
         return rows if self.n is None else rows[: self.n]
 
     def _encode(self, tokenizer: Any, prompt: str) -> tuple[list[int], bool]:

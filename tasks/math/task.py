@@ -23,7 +23,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from tasks.base import Example, Task, require_int
+from tasks.base import Example, Task, as_dict, as_list, require_int, require_str
 from tasks.hub import load_rows
 from tasks.math.answers import extract_answer, is_equivalent
 from tasks.math.sources import SOURCES, Source
@@ -98,22 +98,35 @@ class MathTask(Task):
 
     def __post_init__(self) -> None:
         # Hydra hands over ListConfig/DictConfig objects; plain containers keep the task picklable.
-        self.competitions = list(self.competitions)
-        self.revisions = dict(self.revisions)
-        for competition in [*self.competitions, *self.revisions]:
+        self.competitions = as_list("competitions", self.competitions)
+        self.revisions = as_dict("revisions", self.revisions)
+        choices = f"choose from {', '.join(SOURCES)}"
+        for competition in self.competitions:
             if competition not in SOURCES:
-                raise ValueError(f"unknown competition {competition!r}; known: {sorted(SOURCES)}")
+                raise ValueError(
+                    f"task.competitions={self.competitions!r} names an unknown competition {competition!r} — {choices}"
+                )
+        for competition, revision in self.revisions.items():
+            if competition not in SOURCES:
+                raise ValueError(f"task.revisions has the key {competition!r}, not a competition — {choices}")
+            require_str(f"revisions.{competition}", revision, optional=False)
         if not self.competitions or len(set(self.competitions)) != len(self.competitions):
-            raise ValueError(f"task.competitions must list competitions once each, got {self.competitions}")
-        require_int("samples", self.samples)
-        require_int("n", self.n, optional=True)
-        require_int("max_new_tokens", self.max_new_tokens)
+            raise ValueError(
+                f"task.competitions={self.competitions!r} must list competitions once each — {choices}, "
+                "e.g. task.competitions=[aime_2024,aime_2025]"
+            )
+        require_int("samples", self.samples, example=16)
+        require_int("n", self.n, optional=True, example=30)
+        require_int("max_new_tokens", self.max_new_tokens, example=32768)
         if self.thinking is not None and not isinstance(self.thinking, bool):
-            raise ValueError(f"task.thinking must be null, true or false, got {self.thinking!r}")
+            raise ValueError(
+                f"task.thinking={self.thinking!r} must be null, true or false — use e.g. task.thinking=false"
+            )
+        require_str("data_file", self.data_file)
         if self.data_file is not None and not Path(self.data_file).is_dir() and len(self.competitions) > 1:
             raise ValueError(
-                f"task.data_file={self.data_file} is one file but {len(self.competitions)} competitions are "
-                f"selected: pick one (task.competitions=[{self.competitions[0]}]) or pass a folder holding "
+                f"task.data_file={self.data_file!r} is one file but {len(self.competitions)} competitions are "
+                f"selected — pick one (task.competitions=[{self.competitions[0]}]) or pass a folder holding "
                 f"<competition>.jsonl files"
             )
         if self.samples > 1 and self.sampling_temperature == 0:
@@ -161,7 +174,7 @@ class MathTask(Task):
         """The competition's rows in its hub schema, first ``n`` only."""
         source = self.source(competition)
         rows = load_rows(
-            hub_id=source.hub_id,
+            source.hub_id,
             revision=source.revision,
             split=source.split,
             local_file=self.local_file(competition),
@@ -169,10 +182,14 @@ class MathTask(Task):
         )
         missing = sorted({key for row in rows for key in source.schema() if key not in row})
         if missing:
-            raise ValueError(f"{competition}: rows lack the fields {missing}. {self.how_to_get(competition)}")
+            raise ValueError(f"{competition}: rows lack the fields {missing} — {self.how_to_get(competition)}")
         ids = [str(row[source.id_field]) for row in rows]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"{competition}: problem ids in field {source.id_field!r} repeat: {ids}")
+        repeated = sorted({problem for problem in ids if ids.count(problem) > 1})
+        if repeated:
+            raise ValueError(
+                f"{competition}: problem ids {repeated} in field {source.id_field!r} repeat — keep one row per "
+                "problem in task.data_file"
+            )
         return rows if self.n is None else rows[: self.n]
 
     def examples(self, tokenizer: Any) -> list[Example]:

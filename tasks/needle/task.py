@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from rouge_score import rouge_scorer
 
-from tasks.base import Example, Task, require_int
+from tasks.base import Example, Task, as_list, require_int, require_lengths, require_once, require_str
 from tasks.corpora import checked_hub, source_text
 from tasks.ruler.fit import Sample, encode_sample, fit_size, search_size
 from tasks.ruler.niah import essay_words, split_sentences
@@ -122,26 +122,27 @@ class NeedleTask(Task):
     max_new_tokens: int = 48
 
     def __post_init__(self) -> None:
-        self.lengths = list(self.lengths)
-        self.depths = list(self.depths)
+        self.lengths = as_list("lengths", self.lengths)
+        self.depths = as_list("depths", self.depths)
         self.haystack_hub = checked_hub(
             self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub"
         )
-        if not self.lengths or any(
-            isinstance(x, bool) or not isinstance(x, int) or x <= self.max_new_tokens for x in self.lengths
-        ):
+        require_int("max_new_tokens", self.max_new_tokens, example=48)
+        require_lengths("lengths", self.lengths, self.max_new_tokens + 1, f"task.max_new_tokens={self.max_new_tokens}")
+        numbers = all(isinstance(d, int | float) and not isinstance(d, bool) for d in self.depths)
+        if not self.depths or not numbers or any(not 0 <= d <= 100 for d in self.depths):
             raise ValueError(
-                f"task.lengths must be integers above max_new_tokens={self.max_new_tokens}: {self.lengths}"
+                f"task.depths={self.depths!r} must be percentages in [0, 100] — use e.g. task.depths=[0,25,50,75,100]"
             )
-        if len(set(self.lengths)) != len(self.lengths):
-            raise ValueError(f"task.lengths lists a length twice: {self.lengths}")
-        if not self.depths or any(not 0 <= d <= 100 for d in self.depths):
-            raise ValueError(f"task.depths must be percentages in [0, 100]: {self.depths}")
-        if len(set(self.depths)) != len(self.depths):
-            raise ValueError(f"task.depths lists a depth twice: {self.depths}")
-        require_int("n", self.n)
+        require_once("depths", self.depths)
+        require_int("n", self.n, example=1)
+        require_int("seed", self.seed, minimum=None, example=0)
+        for option in ("needle", "question", "answer"):
+            require_str(option, getattr(self, option), optional=False)
         if self.answer.lower() not in self.needle.lower():
-            raise ValueError(f"task.answer={self.answer!r} does not occur in task.needle")
+            raise ValueError(
+                f"task.answer={self.answer!r} does not occur in task.needle — set task.answer to a phrase of it"
+            )
 
     def identity(self) -> dict[str, Any]:
         identity: dict[str, Any] = {
@@ -185,14 +186,18 @@ class NeedleTask(Task):
             size = search_size(cost, budget, step=10)
             if size is None:
                 raise ValueError(
-                    f"needle: length {length} leaves no room for the prompt and {self.max_new_tokens} new tokens"
+                    f"task.lengths has {length!r}, which leaves no room for the prompt and "
+                    f"task.max_new_tokens={self.max_new_tokens} — use longer task.lengths"
                 )
             for depth in self.depths:
                 for index in range(self.n):
                     build = functools.partial(self._build, corpus, length, index, depth)
                     fitted = fit_size(build, encode, budget, size, f"{self.seed}/{length}/{depth}/{index}")
                     if fitted is None:
-                        raise ValueError(f"needle/{length}/{depth}/{index}: the prompt does not fit")
+                        raise ValueError(
+                            f"task.lengths has {length!r}: example needle/{length}/{depth:g}/{index} does not fit "
+                            "in it — use longer task.lengths"
+                        )
                     sample, ids = fitted
                     out.append(
                         Example(

@@ -48,8 +48,8 @@ class PerplexityTask(Task):
     hub: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        for option in ("prefill", "eval_tokens", "n"):
-            require_int(option, getattr(self, option))
+        for option, example in (("prefill", 1024), ("eval_tokens", 256), ("n", 4)):
+            require_int(option, getattr(self, option), example=example)
         self.hub = checked_hub(self.text_file, self.hub, "task.text_file", "task.hub")
 
     def identity(self) -> dict[str, Any]:
@@ -71,7 +71,7 @@ class PerplexityTask(Task):
         if len(ids) < self.n * window:
             raise ValueError(
                 f"the text has {len(ids)} tokens, fewer than task.n={self.n} windows of "
-                f"{window} tokens: lower task.n, task.prefill or task.eval_tokens, or use a longer text"
+                f"{window} tokens — lower task.n, task.prefill or task.eval_tokens, or use a longer text"
             )
         out = []
         for index in range(self.n):

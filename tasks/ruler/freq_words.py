@@ -59,7 +59,10 @@ class FweConfig:
         """Smallest ``num_words`` whose ranks 2-5 get strictly decreasing counts (so ranks 2-4 are the top 3)."""
         vocab = self.vocab_size(length)
         if vocab < 5:
-            raise ValueError(f"fwe: length {length} gives a vocabulary of {vocab} words, fewer than 5")
+            raise ValueError(
+                f"task.lengths has {length!r}, too short for fwe: a vocabulary of {vocab} coded words, fewer than 5 "
+                f"— use lengths of at least {TOKENS_TO_GENERATE + 5 * 50} for fwe"
+            )
         num = 1
         while True:
             ranks = self.counts(num, 5)[1:]

@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.corpora import load_rows
+from tasks.corpora import hub_dataset
 from tasks.ruler.fit import Sample
 
 TOKENS_TO_GENERATE = 32
@@ -45,19 +45,32 @@ STEP = 10
 
 @dataclass(frozen=True)
 class QaSource:
-    """Where one qa subtask's dev set lives on the hub, at a pinned commit."""
+    """Where one qa subtask's dev set lives on the hub, at a pinned commit, and the columns RULER reads."""
 
     dataset: str
     path: str
     name: str | None
     split: str
     revision: str
+    columns: tuple[str, ...]
 
 
 SOURCES = {
-    "squad": QaSource("squad", "rajpurkar/squad_v2", None, "validation", "3ffb306f725f7d2ce8394bc1873b24868140c412"),
+    "squad": QaSource(
+        "squad",
+        "rajpurkar/squad_v2",
+        None,
+        "validation",
+        "3ffb306f725f7d2ce8394bc1873b24868140c412",
+        ("title", "context", "question", "answers"),
+    ),
     "hotpotqa": QaSource(
-        "hotpotqa", "hotpotqa/hotpot_qa", "distractor", "validation", "1908d6afbbead072334abe2965f91bd2709910ab"
+        "hotpotqa",
+        "hotpotqa/hotpot_qa",
+        "distractor",
+        "validation",
+        "1908d6afbbead072334abe2965f91bd2709910ab",
+        ("question", "answer", "supporting_facts", "context"),
     ),
 }
 
@@ -144,10 +157,19 @@ def load(dataset: str, data_file: str | None, revision: str | None, option: str)
     """Read a dev set from the hub (``revision``, else the pinned commit), or from ``data_file`` in the
     hub's schema (``option`` names that field)."""
     source = SOURCES[dataset]
-    rows = load_rows(source.path, source.name, source.split, revision or source.revision, data_file, option)
-    data = read_squad(rows) if dataset == "squad" else read_hotpotqa(rows)
+    rows = hub_dataset(source.path, source.name, source.split, revision or source.revision, data_file, option)
+    where = f"{option}={data_file!r}" if data_file is not None else f"{source.path}@{revision or source.revision}"
+    fix = f"pass {option}=<file> with the {source.split} split of {source.path} in the hub's schema"
+    missing = [column for column in source.columns if column not in rows.column_names]
+    if missing:
+        raise ValueError(f"{where}: rows lack the fields {missing} — {fix} ({', '.join(source.columns)})")
+    try:
+        data = read_squad(rows) if dataset == "squad" else read_hotpotqa(rows)
+    except (KeyError, TypeError) as error:
+        # A local file can hold the right columns with the wrong nesting (answers without text, ...).
+        raise ValueError(f"{where}: a row does not follow the schema of {source.path} ({error!r}) — {fix}") from None
     if not data.questions:
-        raise ValueError(f"{source.path}: no usable questions in the data")
+        raise ValueError(f"{where}: no usable questions in the data — {fix}")
     return data
 
 

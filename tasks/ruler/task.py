@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tasks.base import Example, Task, require_int
+from tasks.base import Example, Task, as_dict, as_list, require_int, require_lengths, require_once, require_str
 from tasks.corpora import checked_hub, source_text
 from tasks.ruler import common_words, freq_words, niah, qa, variable_tracking
 from tasks.ruler.fit import Encoder, Sample, encode_sample, fit_size, search_size
@@ -112,37 +112,34 @@ class RulerTask(Task):
 
     def __post_init__(self) -> None:
         # Hydra hands over ListConfig/DictConfig objects; plain containers keep the task picklable.
-        self.tasks = list(PAPER) if self.tasks in ("paper", ["paper"]) else list(self.tasks)
-        self.lengths = list(self.lengths)
+        self.tasks = as_list("tasks", self.tasks)
+        self.tasks = list(PAPER) if self.tasks == ["paper"] else self.tasks
+        self.lengths = as_list("lengths", self.lengths)
         self.haystack_hub = checked_hub(
             self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub"
         )
-        self.data_files = dict(self.data_files)
-        self.revisions = dict(self.revisions)
+        self.data_files = as_dict("data_files", self.data_files)
+        self.revisions = as_dict("revisions", self.revisions)
+        choices = f"choose from {', '.join(PAPER)} (or paper for all {len(PAPER)})"
         if not self.tasks:
-            raise ValueError(f"task.tasks is empty; choose from {list(PAPER)} or 'paper'")
+            raise ValueError(f"task.tasks={self.tasks!r} is empty — {choices}")
         for name in self.tasks:
             if name not in PAPER:
-                raise ValueError(f"unknown RULER subtask {name!r}; choose from {list(PAPER)} or 'paper'")
-        if len(set(self.tasks)) != len(self.tasks):
-            raise ValueError(f"task.tasks lists a subtask twice: {self.tasks}")
-        if not self.lengths:
-            raise ValueError("task.lengths is empty")
-        for length in self.lengths:
-            if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
-                raise ValueError(f"task.lengths must be positive integers, got {length!r}")
-            if length <= MAX_TOKENS_TO_GENERATE:
-                raise ValueError(
-                    f"task.lengths: {length} leaves no room for a prompt next to RULER's "
-                    f"{MAX_TOKENS_TO_GENERATE} generated tokens"
-                )
-        if len(set(self.lengths)) != len(self.lengths):
-            raise ValueError(f"task.lengths lists a length twice: {self.lengths}")
-        require_int("n", self.n)
-        for option in (self.data_files, self.revisions):
-            for key in option:
+                raise ValueError(f"task.tasks={self.tasks!r} names an unknown subtask {name!r} — {choices}")
+        require_once("tasks", self.tasks)
+        require_lengths(
+            "lengths", self.lengths, MAX_TOKENS_TO_GENERATE + 1, f"RULER's {MAX_TOKENS_TO_GENERATE} generated tokens"
+        )
+        require_int("n", self.n, example=10)
+        require_int("seed", self.seed, minimum=None, example=42)
+        for option in ("data_files", "revisions"):
+            for key, value in getattr(self, option).items():
                 if key not in QA_DATASETS:
-                    raise ValueError(f"qa data options are keyed by {list(QA_DATASETS)}, got {key!r}")
+                    raise ValueError(
+                        f"task.{option} has the key {key!r}, not a qa subtask — key it by "
+                        f"{' or '.join(f'{name} ({dataset})' for name, dataset in QA_DATASETS.items())}"
+                    )
+                require_str(f"{option}.{key}", value)
 
     def identity(self) -> dict[str, Any]:
         identity: dict[str, Any] = {
@@ -204,7 +201,10 @@ class RulerTask(Task):
             f"task.data_files.{subtask}",
         )
         if self.n > len(data.questions):
-            raise ValueError(f"{subtask}: task.n={self.n} but the data holds {len(data.questions)} questions")
+            raise ValueError(
+                f"task.n={self.n!r} asks for more {subtask} questions than the data holds ({len(data.questions)}) "
+                f"— lower task.n to {len(data.questions)} or less, or pass a larger task.data_files.{subtask}"
+            )
         return _Family(
             qa.TOKENS_TO_GENERATE,
             lambda length, index, num, rng: qa.synthesize(data, index, num, rng, self.seed),
@@ -223,7 +223,10 @@ class RulerTask(Task):
 
         size = search_size(cost, variable_tracking.EXAMPLE_LENGTH, variable_tracking.EXAMPLE_STEP)
         if size is None:
-            raise ValueError("vt: the solved example does not fit in 500 tokens with this tokenizer")
+            raise ValueError(
+                f"vt: the solved example does not fit in {variable_tracking.EXAMPLE_LENGTH} tokens with this "
+                "tokenizer — drop vt from task.tasks for this model"
+            )
         return size.num_haystack
 
     def examples(self, tokenizer: Any) -> list[Example]:
@@ -246,8 +249,8 @@ class RulerTask(Task):
         size = search_size(cost, budget, family.step(length), family.minimum(length, 0))
         if size is None:
             raise ValueError(
-                f"{subtask}: length {length} is too short for RULER's prompt: even the smallest "
-                f"haystack does not leave room for {family.tokens_to_generate} generated tokens"
+                f"task.lengths has {length!r}, too short for {subtask}: even the smallest haystack leaves no room "
+                f"for {family.tokens_to_generate} generated tokens — use longer task.lengths"
             )
         out = []
         for index in range(self.n):
@@ -256,7 +259,9 @@ class RulerTask(Task):
                 build, encode, budget, size, f"{key}/{index}", family.minimum(length, index), family.refine
             )
             if fitted is None:
-                raise ValueError(f"{key}/{index}: the prompt does not fit in {length} tokens")
+                raise ValueError(
+                    f"task.lengths has {length!r}: example {key}/{index} does not fit in it — use longer task.lengths"
+                )
             sample, ids = fitted
             out.append(
                 Example(

@@ -1,0 +1,119 @@
+"""A user's mistake is one line and exit code 2; an internal error keeps its traceback.
+
+Tasks and methods know nothing of the harness, so they signal a mistake in what the user
+asked for the plain way: ``ValueError`` (a bad value) or ``FileNotFoundError`` (missing data),
+with a message ``<what is wrong, naming the value> — <how to fix it>``. The harness turns
+those into ``UserError`` wherever it prepares a run from the config (``user_errors``), and
+every command-line entry point prints a ``UserError`` or a Hydra config error as
+``error: <message>`` (``cli``). ``HYDRA_FULL_ERROR=1`` shows the traceback of any of them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from hydra.errors import (
+    ConfigCompositionException,
+    InstantiationException,
+    MissingConfigException,
+    OverrideParseException,
+)
+from omegaconf.errors import OmegaConfBaseException
+
+#: What a task or method raises for a mistake in the user's config or files.
+MISTAKES = (ValueError, FileNotFoundError)
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for: printed as ``error: <message>``, exit code 2."""
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Treat a ``MISTAKES`` exception raised inside (also through Hydra's ``instantiate``) as a ``UserError``."""
+    try:
+        yield
+    except UserError:
+        raise
+    except InstantiationException as error:
+        cause = error.__cause__
+        if isinstance(cause, MISTAKES):
+            raise UserError(one_line(str(cause))) from cause
+        raise
+    except MISTAKES as error:
+        raise UserError(one_line(str(error))) from error
+
+
+def one_line(message: str) -> str:
+    """``message`` with its line breaks folded, so that an error stays one line."""
+    return " ".join(part.strip() for part in message.strip().splitlines() if part.strip())
+
+
+def _config_message(error: Exception) -> str:
+    """A Hydra config error as ``<what> — <fix>``."""
+    if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
+        group, _, name = error.missing_cfg_file.rpartition("/")
+        return f"{group}={name} is not a config in conf/{group}/ — choose one of: {', '.join(error.options)}"
+    if isinstance(error, OverrideParseException):
+        reason = error.message.splitlines()[0] if error.message else "syntax error"
+        return f"cannot parse the override {error.override!r} ({reason}) — check its quoting and brackets"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    what = lines[0].rstrip(".") if lines else type(error).__name__
+    append = next((line for line in lines[1:] if line.startswith("To append to your config use ")), None)
+    if append is not None and what.startswith("Could not override "):
+        key = what.removeprefix("Could not override ").strip("'")
+        override = append.removeprefix("To append to your config use ")
+        return f"{key} is not in the config — check the spelling, or add a new field with {override}"
+    cause = error.__cause__
+    if isinstance(cause, OmegaConfBaseException):
+        what = f"{what} ({one_line(str(cause)).split(' full_key:')[0]})"
+    return f"{what} — check the override against conf/ (python -m harness.run --cfg job prints the config)"
+
+
+def cli(main: Callable[[], Any]) -> None:
+    """Run a command-line entry point, printing a user's mistake as one line with exit code 2."""
+    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    # Hydra re-raises instead of printing its own report, so the mistake can be told apart here.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        main()
+    except UserError as error:
+        if full:
+            raise
+        _exit(str(error))
+    except (ConfigCompositionException, OverrideParseException) as error:
+        if full:
+            raise
+        _exit(_config_message(error))
+    except OSError as error:
+        if full or not _raised_by_hydra(error):
+            raise
+        _exit(
+            f"cannot write {error.filename} ({error.strerror}) — set results_dir to a folder you can write"
+            " (Hydra keeps its logs under results_dir/.hydra)"
+        )
+
+
+def _raised_by_hydra(error: BaseException) -> bool:
+    """Whether ``error`` comes from Hydra's own file handling (its output folder), not from the task.
+
+    That is: the innermost frame outside the standard library is Hydra's.
+    """
+    stdlib = sysconfig.get_paths()["stdlib"]
+    owner = ""
+    frame = error.__traceback__
+    while frame is not None:
+        if not frame.tb_frame.f_code.co_filename.startswith(stdlib):
+            owner = frame.tb_frame.f_globals.get("__name__", "")
+        frame = frame.tb_next
+    return owner.startswith("hydra.")
+
+
+def _exit(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
