@@ -24,7 +24,7 @@ install: $(VENV)/.installed
 
 demo: install
 	$(BIN)/python -m harness.run -m method=$(DEMO_METHODS) rho=0.9 task.lengths=[1024] task.n=10
-	$(BIN)/python -m harness.report results
+	$(BIN)/python -m harness.analysis.report results
 
 # Installed when this is root with apt-get; elsewhere the real-Slurm tests skip with the reason.
 test-system:
@@ -47,7 +47,7 @@ lint: install
 	$(BIN)/ruff format --check .
 
 report: install
-	$(BIN)/python -m harness.report results
+	$(BIN)/python -m harness.analysis.report results
 
 bench: install
 	$(BIN)/python -m harness.bench
@@ -55,4 +55,4 @@ bench: install
 # Paper tables (Markdown + LaTeX) and figures from every record under results/;
 # results/tables/index.md maps each table to the conf/experiment preset that fills it.
 tables: install
-	$(BIN)/python -m harness.tables results
+	$(BIN)/python -m harness.analysis results

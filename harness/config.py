@@ -11,6 +11,9 @@ from omegaconf import DictConfig
 from harness.models import ModelSpec
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+#: ``scale=``: the size of a ``conf/experiment`` preset, whose ``forms.<scale>`` block holds
+#: what differs between the paper's form (``cluster``) and the CPU one (``cpu``).
+SCALES = ("cluster", "cpu")
 
 
 def compose_config(*overrides: str, config_name: str = "config") -> DictConfig:

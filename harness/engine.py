@@ -14,10 +14,13 @@ import torch
 from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedModel
 
-from harness import attention, kv_cache
+from harness import kv_cache
+from harness.attention import select
+from harness.evicting_attention import EVICTING, StepState
 from harness.models import check_length
 from harness.sampling import Sampling
-from methods.base import EvictionMethod, SequenceInfo
+from methods.base import EvictionMethod, KeepPlan, SequenceInfo
+from methods.driver import Driver
 
 
 @dataclass
@@ -58,26 +61,7 @@ class Generation:
         return len(self.tokens)
 
 
-StepHook = Callable[[int, attention.StepContext, object], None]
-
-
-def _per_layer(
-    update: Callable[[Tensor, Tensor | None], Tensor], positions: list[Tensor], plan: list[Tensor] | None = None
-) -> list[Tensor]:
-    """Apply ``update`` to every layer's positions, once per distinct (positions, index) pair.
-
-    Token-level methods share one positions tensor and one keep index across all layers, so
-    this does the work once instead of once per layer.
-    """
-    done: dict[tuple[int, int], Tensor] = {}
-    result = []
-    for layer, current in enumerate(positions):
-        index = plan[layer] if plan is not None else None
-        key = (id(current), id(index))
-        if key not in done:
-            done[key] = update(current, index)
-        result.append(done[key])
-    return result
+StepHook = Callable[[int, StepState, object], None]
 
 
 def sequence_info(
@@ -127,8 +111,7 @@ class Engine:
 
     def __post_init__(self) -> None:
         kv_cache.check_layers(self.model.config, self.model.config.name_or_path or self.model.config.model_type)
-        if self.model.config._attn_implementation != attention.NAME:
-            self.model.set_attn_implementation(attention.NAME)
+        select(self.model, EVICTING.name)
         info = sequence_info(self.model.config, 0, 0)
         self.num_layers = info.num_layers
         self.num_kv_heads = info.num_kv_heads
@@ -146,12 +129,11 @@ class Engine:
         )
         return output.logits[0, -1]
 
-    def _apply(self, plan: list[Tensor] | None, context: attention.StepContext, cache: object) -> float:
+    def _apply(self, plan: KeepPlan | None, cache: object) -> float:
         if plan is None:
             return 0.0
         start = time.perf_counter()
         kv_cache.evict(cache, plan)
-        context.positions = _per_layer(kv_cache.gather_rows, context.positions, plan)
         return time.perf_counter() - start
 
     @torch.inference_mode()
@@ -183,21 +165,16 @@ class Engine:
         prefill_len = len(input_ids)
         check_length(self.model.config, prefill_len, max_new_tokens, "the prompt")
         info = sequence_info(self.model.config, prefill_len, max_new_tokens, seed, self.device)
-        self.method.begin(info)
         generator = torch.Generator(device="cpu").manual_seed(seed)
         cache = kv_cache.new_cache(self.model)
-        prompt_positions = torch.arange(prefill_len, device=self.device).expand(self.num_kv_heads, -1)
-        context = attention.StepContext(self.method, [prompt_positions] * self.num_layers)
         start = time.perf_counter()
-        with attention.active(context):
+        state = StepState(Driver(self.method, info))
+        with EVICTING.active(state):
             logits = self._forward(input_ids, 0, cache)
-            plan = self.method.keep(0, context.positions)
-        self._apply(plan, context, cache)
+        self._apply(state.driver.end_prefill(), cache)
         prefill_s = time.perf_counter() - start
-        # Shares are of decode time: what the method spent inside the prefill stays in prefill_s.
-        context.score_s = 0.0
         if self.on_step:
-            self.on_step(0, context, cache)
+            self.on_step(0, state, cache)
         full_token_bytes = kv_cache.bytes_per_token(cache)
         target_logprobs: list[float] = []
 
@@ -222,21 +199,13 @@ class Engine:
             len(tokens) < min_new_tokens or (tokens[-1] not in stop_token_ids and not (stop and stop(tokens)))
         ):
             step += 1
-            position = prefill_len + step - 1
-            newest = torch.full((self.num_kv_heads, 1), position, device=self.device)
-            context.positions = _per_layer(lambda p, _, new=newest: torch.cat([p, new], dim=1), context.positions)
-            context.step = step
-            context.observe = self.method.observes(step)
-            context.attention = self.method.needs_attention(step)
-            with attention.active(context):
-                logits = self._forward([tokens[-1]], position, cache)
-            choose_start = time.perf_counter()
-            plan = self.method.keep(step, context.positions)
-            context.score_s += time.perf_counter() - choose_start
-            evict_s += self._apply(plan, context, cache)
+            state.driver.next_step()
+            with EVICTING.active(state):
+                logits = self._forward([tokens[-1]], prefill_len + step - 1, cache)
+            evict_s += self._apply(state.driver.end_step(), cache)
             max_cache_len = max(max_cache_len, *kv_cache.cache_lengths(cache))
             if self.on_step:
-                self.on_step(step, context, cache)
+                self.on_step(step, state, cache)
             tokens.append(next_token(logits))
         decode_s = time.perf_counter() - start
         return Generation(
@@ -248,7 +217,7 @@ class Engine:
             kv_bytes_full=full_token_bytes * (prefill_len + step),
             prefill_s=prefill_s,
             decode_s=decode_s,
-            score_s=context.score_s,
+            score_s=state.driver.score_s,
             evict_s=evict_s,
             max_cache_len=max_cache_len,
             target_logprobs=target_logprobs,

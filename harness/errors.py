@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import yaml
 from hydra.errors import (
     ConfigCompositionException,
     InstantiationException,
@@ -90,6 +91,17 @@ def cli(main: Callable[[], Any]) -> None:
         if full:
             raise
         _exit(_config_message(error))
+    except OmegaConfBaseException as error:
+        # An interpolation that cannot resolve (``${forms.${scale}.model}`` with an unknown scale).
+        if full:
+            raise
+        _exit(f"{one_line(str(error)).split(' full_key:')[0]} — check the overrides (scale is cluster or cpu)")
+    except yaml.YAMLError as error:
+        if full:
+            raise
+        mark = getattr(error, "problem_mark", None)
+        where = f"{mark.name}:{mark.line + 1}" if mark is not None else "a config file"
+        _exit(f"{where}: not valid YAML ({getattr(error, 'problem', None) or error}) — fix that line")
     except OSError as error:
         if full or not _raised_by_hydra(error):
             raise

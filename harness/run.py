@@ -29,7 +29,7 @@ from tqdm import tqdm
 from transformers import PretrainedConfig
 
 from harness import kv_cache, provenance
-from harness.config import model_spec
+from harness.config import SCALES, model_spec
 from harness.diagnostics import FILENAME as DIAGNOSTICS_FILE
 from harness.diagnostics import RetentionRecorder
 from harness.engine import Engine, check_sequence
@@ -41,10 +41,11 @@ from harness.sampling import Sampling
 from harness.schema import NUMERIC_FIELDS, OUTCOME_FIELDS, RunId, digest
 from harness.summary import summarize
 from harness.wandb_logger import open_logger
+from harness.world import MethodPolicy
 from methods.base import EvictionMethod
 from methods.full import FullCache
 from methods.selection import check_rho
-from tasks.base import Example, Task
+from tasks.base import Example, Task, TaskProtocol
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,10 @@ ANSWER_PASS_FIELDS = ("prefill_len", "new_tokens", "prefill_s", "decode_s")
 
 
 def check_top_level(cfg: DictConfig) -> None:
-    """Refuse a malformed top-level option (``rho``, ``seed``, ``threads``, ``diagnostics``, ``sampling``)."""
+    """Refuse a malformed top-level option: rho, scale, seed, threads, diagnostics, sampling."""
     check_rho(cfg.rho)
+    if cfg.scale not in SCALES:
+        raise ValueError(f"scale={cfg.scale!r} is not a scale — use scale=cluster or scale=cpu")
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise ValueError(f"seed={cfg.seed!r} is not an integer — use e.g. seed=0")
     if cfg.threads is not None and (
@@ -130,7 +133,7 @@ def identify(cfg: DictConfig, task: Task, spec: ModelSpec | None) -> tuple[RunId
 
 def run_id(cfg: DictConfig, task: Task) -> str:
     """The run id ``cfg`` runs under."""
-    spec = ModelSpec.from_config(cfg.model) if task.needs_model else None
+    spec = None if task.protocol is TaskProtocol.WORLD else ModelSpec.from_config(cfg.model)
     return str(identify(cfg, task, spec)[0])
 
 
@@ -212,7 +215,7 @@ def prepare(cfg: DictConfig) -> Plan:
         results = _writable(Path(cfg.results_dir), "results_dir")
         task: Task = instantiate(cfg.task)
         method: EvictionMethod = instantiate(cfg.method)
-        spec = ModelSpec.from_config(cfg.model) if task.needs_model else None
+        spec = None if task.protocol is TaskProtocol.WORLD else ModelSpec.from_config(cfg.model)
         tokenizer = model_config = None
         if spec is not None:
             tokenizer = load_tokenizer(spec)
@@ -241,6 +244,7 @@ def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callabl
     # Attached before the first sequence: the recorder wraps the method's scorer.
     recorder = RetentionRecorder.attach(engine) if diagnostics is not None else None
     stops = stop_token_ids(model, tokenizer)
+    answers = task.protocol is TaskProtocol.GENERATE_THEN_ANSWER
     answer_engine = Engine(model, FullCache(), sampling)
 
     def generate(on: Engine, example: Example) -> Any:
@@ -250,7 +254,7 @@ def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callabl
             stop_token_ids=stops | set(example.stop_token_ids),
             stop=stop_on_strings(tokenizer, task.stop_strings(example)),
             seed=example_seed(cfg.seed, example.example_id),
-            forced=example.forced_ids,
+            forced=example.forced_ids if task.protocol is TaskProtocol.TEACHER_FORCED else None,
             min_new_tokens=example.min_new_tokens,
         )
 
@@ -261,10 +265,10 @@ def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callabl
         prediction = tokenizer.decode(generation.tokens, skip_special_tokens=True)
         outcome = {name: getattr(generation, name) for name in NUMERIC_FIELDS if hasattr(generation, name)}
         outcome["max_cache_len"] = generation.max_cache_len
-        if example.forced_ids is not None:
+        if task.protocol is TaskProtocol.TEACHER_FORCED:
             metrics = task.score_logprobs(generation.target_logprobs, example)
         else:
-            follow_up = task.follow_up(tokenizer, example, prediction)
+            follow_up = task.follow_up(tokenizer, example, prediction) if answers else None
             if follow_up is not None:
                 answer = generate(answer_engine, follow_up)
                 outcome["first_prediction"] = prediction
@@ -331,7 +335,7 @@ def _run(plan: Plan) -> dict[str, Any]:
                 # A hub model without a pinned revision: the commit its files came from.
                 session["model_commit"] = getattr(model.config, "_commit_hash", None)
             else:
-                run_one = partial(task.run_example, plan.method)
+                run_one = partial(task.run_example, MethodPolicy(plan.method))
                 session |= provenance.collect(torch.device("cpu"))
             write_atomic(folder / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
             append_line(folder / "provenance.jsonl", (json.dumps(session) + "\n").encode())

@@ -16,18 +16,14 @@ from typing import Any, Self
 
 from omegaconf import DictConfig, OmegaConf
 
-# Record fields mirrored per step next to the primary metric (all numbers or None).
-STEP_FIELDS = (
-    "prefill_len", "budget", "cache_len_final", "kv_bytes_final", "kv_bytes_full", "new_tokens",
-    "prefill_s", "decode_s", "decode_tokens_per_s", "score_s", "evict_s",
-)  # fmt: skip
+from harness.schema import NUMERIC_FIELDS
 
 
 def step_values(record: dict[str, Any]) -> dict[str, float]:
     """What one record contributes to the history: primary metric, cache and speed figures."""
     name, value = next(iter(record["metrics"].items()))
     values = {f"metric/{name}": float(value)}
-    values.update({name: record[name] for name in STEP_FIELDS if isinstance(record.get(name), int | float)})
+    values.update({name: record[name] for name in NUMERIC_FIELDS if isinstance(record.get(name), int | float)})
     if record.get("kv_bytes_full"):
         values["kv_ratio"] = record["kv_bytes_final"] / record["kv_bytes_full"]
     return values

@@ -1,10 +1,10 @@
 """FD-KVC (Fractional Decay KV-Cache, arXiv 2608.18098): ownership-aware eviction for dialogs.
 
 Every cached entry carries a cumulative-attention channel ``c``
-(H2O-like) and a recency-relevance channel ``rho`` that forgets by ``gamma`` per turn and is
+(H2O-like) and a recency-relevance channel ``recency`` that forgets by ``gamma`` per turn and is
 reinforced by the entry's affinity to the turn's mean query, at a rate that slows down when
 the cache's ownership is uncertain. Eviction ranks by the hybrid ``h``; the kept entries'
-attention is modulated by ``(0.5 + 0.5 * rho_hat) ** beta``, applied as an additive logit bias.
+attention is modulated by ``(0.5 + 0.5 * recency_hat) ** beta``, applied as an additive logit bias.
 """
 
 from __future__ import annotations
@@ -32,24 +32,24 @@ class FDKVC(EvictionMethod):
       (per-turn update, the paper's unit of time); ``c_every_step=True`` adds every decode
       step's attention instead (H2O's rule, which lets old entries outgrow new ones by
       ``turn_length`` times more per turn).
-    - ``rho``: recency relevance, starts at 1; at every turn end
-      ``rho <- clip(gamma * rho + alpha_t * s, 0, 1)`` with ``s`` the normalised cosine between
+    - ``recency``: the recency-relevance channel (the paper's ρ), starts at 1; at every turn end
+      ``recency <- clip(gamma * recency + alpha_t * s, 0, 1)`` with ``s`` the normalised cosine between
       the entry's key and the turn's mean query, and ``alpha_t = alpha0 / (1 + mu * L_t)``,
       ``L_t = mean(h_hat * (1 - h_hat))`` the ownership loss of the cache before the update
       (``h_hat = h / max h``).
-    - ``h = w_c * c / max(c) + w_rho * rho``; entries with ``h < tau * max(h)`` are dropped, then
+    - ``h = w_c * c / max(c) + w_recency * recency``; entries with ``h < tau * max(h)`` are dropped, then
       the top ``B`` by ``h`` are kept (``selection``'s sinks and recent window are protected).
-    - ``logit_bias = beta * log(0.5 + 0.5 * rho / max(rho))`` on every cached entry.
+    - ``logit_bias = beta * log(0.5 + 0.5 * recency / max(recency))`` on every cached entry.
 
     Choices where the paper is silent (see the issue 4 report):
 
-    - ``rho`` is clipped to [0, 1] so that it stays on the scale of ``c / max c`` in ``h``;
+    - ``recency`` is clipped to [0, 1] so that it stays on the scale of ``c / max c`` in ``h``;
       without the clip the steady state ``alpha * s / (1 - gamma)`` exceeds 1.
     - ``relevance="relu"``: ``s = max(cos, 0)``; ``"affine"``: ``(1 + cos) / 2``; ``"max"``:
       ``max(cos, 0) / max_j max(cos_j, 0)``.
     - A turn is ``turn_length`` decode steps; the prompt counts as one turn whose mean query is
       the mean of its last ``turn_length`` queries (``observe_prefill``). For single-turn tasks
-      this is the per-chunk schedule (a rho update every ``turn_length`` decode steps).
+      this is the per-chunk schedule (a recency update every ``turn_length`` decode steps).
     - The turn's mean query is the mean of the decode queries seen in ``LayerView.queries``
       (mean over the query heads of a KV head).
     - Per-KV-head keep sets must have one size for all heads (physical gather), so with
@@ -63,12 +63,12 @@ class FDKVC(EvictionMethod):
     Parameters:
         selection: budget, protected sinks/window, granularity (``head``: one state and keep
             set per layer and KV head; ``layer``; ``token``: one state shared by all).
-        gamma: per-turn decay of ``rho`` (0.88).
+        gamma: per-turn decay of ``recency`` (0.88).
         alpha0: base reinforcement rate (0.3).
         mu: sensitivity of the rate to the ownership loss (0.4).
         tau: relative threshold on ``h`` below which entries are dropped (0.02).
         beta: strength of the attention modulation; 0 disables the bias (0.25).
-        w_c, w_rho: weights of the two channels in ``h`` (0.45, 0.55).
+        w_c, w_recency: weights of the two channels in ``h`` (0.45, 0.55).
         turn_length: decode steps per turn (update period of both channels).
         c_every_step: accumulate ``c`` every decode step instead of once per turn.
         relevance: normalisation of the cosine, one of ``relu``, ``affine``, ``max``.
@@ -82,7 +82,7 @@ class FDKVC(EvictionMethod):
     tau: float = 0.02
     beta: float = 0.25
     w_c: float = 0.45
-    w_rho: float = 0.55
+    w_recency: float = 0.55
     turn_length: int = 32
     relevance: str = "relu"
     c_every_step: bool = False
@@ -90,13 +90,14 @@ class FDKVC(EvictionMethod):
 
     def __post_init__(self) -> None:
         require_number("method.gamma", self.gamma, 0.88, minimum=0.0, maximum=1.0)
-        for option, example in (("alpha0", 0.3), ("mu", 0.4), ("beta", 0.25), ("w_c", 0.45), ("w_rho", 0.55)):
+        for option, example in (("alpha0", 0.3), ("mu", 0.4), ("beta", 0.25), ("w_c", 0.45), ("w_recency", 0.55)):
             require_number(f"method.{option}", getattr(self, option), example, minimum=0.0)
         require_number("method.tau", self.tau, 0.02, minimum=0.0, maximum=1.0, open_max=True)
-        if self.w_c + self.w_rho <= 0:
+        if self.w_c + self.w_recency <= 0:
             raise ValueError(
-                f"method.w_c={self.w_c!r} and method.w_rho={self.w_rho!r} are both 0, so no entry ranks above another "
-                "— use e.g. method.w_c=0.45 method.w_rho=0.55"
+                f"method.w_c={self.w_c!r} and method.w_recency={self.w_recency!r} are both 0, so no entry ranks "
+                "above another "
+                "— use e.g. method.w_c=0.45 method.w_recency=0.55"
             )
         require_int("method.turn_length", self.turn_length, minimum=1, example=32)
         if self.relevance not in RELEVANCE_NORMS:
@@ -115,10 +116,10 @@ class FDKVC(EvictionMethod):
         self._layers = 1 if granularity == "token" else info.num_layers
         self._rows = info.num_kv_heads if granularity == "head" else 1
         shape = (self._layers, self._rows, capacity)
-        # Every slot starts at c = 1, rho = 1: a position is only ever touched once cached, so
+        # Every slot starts at c = 1, recency = 1: a position is only ever touched once cached, so
         # an entry entering the cache finds its initial values already there.
         self.c = torch.ones(shape, device=info.device)
-        self.rho = torch.ones(shape, device=info.device)
+        self.recency = torch.ones(shape, device=info.device)
         # Per-turn accumulators, per model layer and KV head (queries live in per-layer spaces).
         self._query_sum: list[Tensor | None] = [None] * info.num_layers
         self._query_count = [0] * info.num_layers
@@ -159,10 +160,10 @@ class FDKVC(EvictionMethod):
         return step > 0 and step % self.turn_length == 0
 
     # ----------------------------------------------------------------- channels
-    def hybrid(self, c: Tensor, rho: Tensor) -> Tensor:
-        """``h = w_c * c / max(c) + w_rho * rho`` per row, for ``(rows, T)`` channel values."""
+    def hybrid(self, c: Tensor, recency: Tensor) -> Tensor:
+        """``h = w_c * c / max(c) + w_recency * recency`` per row, for ``(rows, T)`` channel values."""
         c_hat = c / c.amax(dim=-1, keepdim=True).clamp_min(1e-12)
-        return self.w_c * c_hat + self.w_rho * rho
+        return self.w_c * c_hat + self.w_recency * recency
 
     def rate(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """``(alpha_t, L_t)`` per row from the hybrid scores ``(rows, T)`` of the cached entries."""
@@ -227,21 +228,21 @@ class FDKVC(EvictionMethod):
             self._turn_relevance(view.layer, view.keys, view.positions)
 
     def _update_channels(self, positions: list[Tensor], steps: int) -> None:
-        """Turn end: add the turn's mean attention to ``c``, then decay and reinforce ``rho``."""
+        """Turn end: add the turn's mean attention to ``c``, then decay and reinforce ``recency``."""
         alphas, losses = [], []
         for layer in range(self._layers):
             cached = self._row_positions(positions[layer])
-            rho_rows = self.rho[layer]
+            recency_rows = self.recency[layer]
             if not self.c_every_step and steps > 0:
                 c_rows = self.c[layer]
                 turn_mean = self._attention_sum[layer].gather(1, cached) / steps
                 c_rows.scatter_(1, cached, c_rows.gather(1, cached) + turn_mean)
             c = self.c[layer].gather(1, cached)
-            rho = rho_rows.gather(1, cached)
-            alpha, loss = self.rate(self.hybrid(c, rho))
+            recency = recency_rows.gather(1, cached)
+            alpha, loss = self.rate(self.hybrid(c, recency))
             relevance = self._relevance[layer].gather(1, cached)
-            updated = (self.gamma * rho + alpha[:, None] * relevance).clamp(0.0, 1.0)
-            rho_rows.scatter_(1, cached, updated)
+            updated = (self.gamma * recency + alpha[:, None] * relevance).clamp(0.0, 1.0)
+            recency_rows.scatter_(1, cached, updated)
             alphas.append(alpha)
             losses.append(loss)
         self.last_alpha = torch.stack(alphas)
@@ -277,7 +278,7 @@ class FDKVC(EvictionMethod):
 
     def _choose(self, layer: int, cached: Tensor, seen: int) -> Tensor | None:
         """Sorted indices to keep for the rows ``cached`` ``(rows, T)`` of state layer ``layer``."""
-        h = self.hybrid(self.c[layer].gather(1, cached), self.rho[layer].gather(1, cached))
+        h = self.hybrid(self.c[layer].gather(1, cached), self.recency[layer].gather(1, cached))
         recent = self.selection.recent(self._budget)
         protected = (cached < self.selection.sinks) | (cached >= seen - recent)
         above = (h >= self.tau * h.amax(dim=-1, keepdim=True)) | protected
@@ -291,7 +292,7 @@ class FDKVC(EvictionMethod):
     def logit_bias(self, layer: int, positions: Tensor) -> Tensor | None:
         if not self._active or self.beta == 0:
             return None
-        rho = self.rho[self._state_layer(layer)].gather(1, self._row_positions(positions))
-        rho_hat = rho / rho.amax(dim=-1, keepdim=True).clamp_min(1e-12)
-        bias = self.beta * torch.log(0.5 + 0.5 * rho_hat)
+        recency = self.recency[self._state_layer(layer)].gather(1, self._row_positions(positions))
+        recency_hat = recency / recency.amax(dim=-1, keepdim=True).clamp_min(1e-12)
+        bias = self.beta * torch.log(0.5 + 0.5 * recency_hat)
         return bias.expand(positions.shape[0], -1)

@@ -20,7 +20,7 @@ from hydra.utils import instantiate
 from scipy.stats import ttest_rel
 
 from harness.config import compose_config
-from methods.base import EvictionMethod
+from harness.world import MethodPolicy
 from tasks.dialogs import SCENARIOS, DialogTask
 
 METHODS = ("fifo", "sink_window", "h2o", "fdkvc", "tova", "inertia", "cumulative")
@@ -41,8 +41,9 @@ PAPER_DIVERSITY = {"fdkvc": 80.6, "sink_window": 73.3, "h2o": 70.0, "fifo": 47.6
 PAPER_RETENTION = {"fifo": 91.4, "fdkvc": 70.1, "h2o": 63.3}
 
 
-def conf_method(name: str, *overrides: str) -> EvictionMethod:
-    return instantiate(compose_config(f"method={name}", "rho=0", *overrides).method)
+def conf_method(name: str, *overrides: str) -> MethodPolicy:
+    """``conf/method/<name>.yaml`` as the dialog world's cache policy."""
+    return MethodPolicy(instantiate(compose_config(f"method={name}", "rho=0", *overrides).method))
 
 
 def fmt(value: float, digits: int = 3) -> str:
@@ -56,7 +57,7 @@ def markdown(frame: pd.DataFrame) -> str:
     return "\n".join([header, rule, *rows])
 
 
-def run_all(task: DialogTask, methods: dict[str, EvictionMethod], n: int) -> tuple[pd.DataFrame, dict]:
+def run_all(task: DialogTask, methods: dict[str, MethodPolicy], n: int) -> tuple[pd.DataFrame, dict]:
     frames, seconds = [], {name: 0.0 for name in methods}
     for scenario in task.scenarios:  # scenario outer: the task reuses the drawn dialogs
         for name, method in methods.items():
@@ -108,13 +109,12 @@ def adaptation_cell(part: pd.DataFrame, scenario: str) -> str:
     return f"{chosen.adaptation.mean():.2f} ({100 * chosen.adaptation_never.mean():.0f}%)"
 
 
-def first_shift_complex(task: DialogTask, method: EvictionMethod, n: int) -> float:
+def first_shift_complex(task: DialogTask, policy: MethodPolicy, n: int) -> float:
     """Adaptation after the first shift of the complex scenario (turn 5 of 20): never -> 16."""
     from tasks.dialogs.simulate import adaptation, simulate
 
-    adapted = task._method(method, per_head=True)
     dialogs = task.dialogs("complex", list(range(n)))
-    trace = simulate(adapted, dialogs, task.heads, task.retention_threshold, task.seed)
+    trace = simulate(policy, dialogs, task.heads, task.budget, task.retention_threshold, task.seed)
     speed, _ = adaptation(trace.retention, [SCENARIOS["complex"].shifts()[0]], task.adaptation_threshold)
     return float(speed.mean())
 
@@ -208,14 +208,14 @@ def main() -> None:
         print(markdown(pd.DataFrame(rows)) + "\n")
 
     overrides = list(args.fdkvc)
-    print(f"## Table 5: w_c ablation (w_rho = 1 - w_c), Mixed, {args.ablation_n} dialogs (paper: peak at 0.3)\n")
+    print(f"## Table 5: w_c ablation (w_recency = 1 - w_c), Mixed, {args.ablation_n} dialogs (paper: peak at 0.3)\n")
     print(
         ablation(
             task,
             args.ablation_n,
             "w_c",
             [0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0],
-            lambda v: [*overrides, f"method.w_c={v}", f"method.w_rho={round(1 - v, 6)}"],
+            lambda v: [*overrides, f"method.w_c={v}", f"method.w_recency={round(1 - v, 6)}"],
         )
         + "\n"
     )

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 
 from harness.config import compose_config, model_spec
-from harness.kvpop.data import documents, token_windows
-from harness.kvpop.loss import candidates, decayed, retention_recall, sample_queries
 from harness.models import ModelSpec, load_model, load_tokenizer
 from harness.run import execute
-from harness.train_kvpop import extract
+from harness.training.kvpop.data import documents, token_windows
+from harness.training.kvpop.loss import candidates, decayed, retention_recall, sample_queries
+from harness.training.kvpop.train import extract
 from methods.kvpop import load_checkpoint
 
 
@@ -37,7 +37,7 @@ def recall_table(
 ) -> dict[str, Any]:
     """Recall of the policy and of recency vs the teacher, overall and per layer x head."""
     scorer, info = load_checkpoint(checkpoint)
-    s, w, k_trained, n = (info.policy[key] for key in ("s", "w", "k", "n"))
+    s, w, k_trained, n = (info.policy[key] for key in ("sinks", "window", "k", "bucket"))
     model, tokenizer = load_model(spec), load_tokenizer(spec)
     texts = documents(None, None)
     generator = torch.Generator().manual_seed(0)

@@ -1,7 +1,17 @@
 """What every task provides to the harness.
 
 A task knows nothing of eviction methods: it synthesises or loads examples, turns one into
-prompt token ids following its benchmark's official protocol, and scores a prediction.
+prompt token ids following its benchmark's official protocol, and scores what comes back.
+It declares which of four protocols the harness runs its examples with (``TaskProtocol``)::
+
+    examples = task.examples(tokenizer)                  # stable example ids
+    per example, by task.protocol:
+      GENERATE              decode under the method      -> task.score(text, example)
+      TEACHER_FORCED        feed example.forced_ids      -> task.score_logprobs(logprobs, example)
+      GENERATE_THEN_ANSWER  decode under the method, then task.follow_up(tokenizer, example, text)
+                            decoded with the full cache  -> task.score(answer, follow-up example)
+      WORLD                 no model: task.run_example(policy, example) -> the record's outcome
+                            (``policy``: the method as the harness adapts it to the world)
 """
 
 from __future__ import annotations
@@ -9,7 +19,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from enum import Enum
+from typing import Any
 
 
 @dataclass
@@ -42,12 +53,24 @@ class Example:
     min_new_tokens: int = 0
 
 
+class TaskProtocol(Enum):
+    """How the harness runs a task's examples (see the module docstring)."""
+
+    GENERATE = "generate"
+    TEACHER_FORCED = "teacher_forced"
+    GENERATE_THEN_ANSWER = "generate_then_answer"
+    WORLD = "world"
+
+
 class Task(ABC):
     """A benchmark suite. Subclasses are dataclasses built from ``conf/task/*.yaml``."""
 
     name: str
-    #: False for a task that simulates its own attention instead of running a model (dialogs).
-    needs_model: ClassVar[bool] = True
+
+    @property
+    def protocol(self) -> TaskProtocol:
+        """The protocol the harness runs this task's examples with."""
+        return TaskProtocol.GENERATE
 
     @abstractmethod
     def examples(self, tokenizer: Any) -> list[Example]:
@@ -74,13 +97,17 @@ class Task(ABC):
         return []
 
     def follow_up(self, tokenizer: Any, example: Example, prediction: str) -> Example | None:
-        """A second, document-free generation the protocol makes from ``prediction``, or None.
+        """``GENERATE_THEN_ANSWER``: the second generation made from ``prediction``, or None to score it as is.
 
         LongBench-v2's CoT protocol asks for the answer letter in a separate call that shows the
         question and the first call's reasoning. The harness runs it with the full cache (the
         method under test already shaped the reasoning) and scores its output instead.
         """
-        return None
+        raise NotImplementedError(f"task {self.name!r} makes no follow-up generation")
+
+    def run_example(self, policy: Any, example: Example) -> dict[str, Any]:
+        """``WORLD``: run ``policy`` through ``example`` and return the record's outcome fields."""
+        raise NotImplementedError(f"task {self.name!r} runs on a model, not in a world of its own")
 
 
 def as_list(field_name: str, value: Any) -> list[Any]:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
 from harness.models import load_model, load_tokenizer
+
+# Developer tooling the tests use (the local Slurm cluster) lives in scripts/, outside the packages.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 TINY_MODELS = ("tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_mistral")
 NAMED_METHODS = (

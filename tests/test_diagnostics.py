@@ -66,7 +66,8 @@ def test_trace_series_by_hand() -> None:
 def test_recorder_on_a_tiny_model(tmp_path, tiny_models) -> None:
     from conftest import named_method
 
-    from harness.diagnostics import RetentionRecorder, read_diagnostics
+    from harness.analysis.diagnostics import read_diagnostics
+    from harness.diagnostics import RetentionRecorder
     from harness.engine import Engine
     from harness.records import CompanionFile, RecordFile
 

@@ -10,9 +10,11 @@ from conftest import refused
 from hydra.utils import instantiate
 
 from harness.config import compose_config
+from harness.world import MethodPolicy
 from methods.fdkvc import FDKVC
 from methods.full import FullCache
 from methods.selection import Selection
+from tasks.base import TaskProtocol
 from tasks.dialogs import SCENARIOS, DialogTask, WorldConfig
 from tasks.dialogs.simulate import adaptation
 from tasks.dialogs.world import gram_schmidt, make_dialogs, projections
@@ -20,8 +22,8 @@ from tasks.dialogs.world import gram_schmidt, make_dialogs, projections
 WORLD_METHODS = ("fifo", "sink_window", "h2o", "tova", "inertia", "cumulative", "fdkvc")
 
 
-def world_method(name: str):
-    return instantiate(compose_config(f"method={name}", "rho=0").method)
+def world_method(name: str) -> MethodPolicy:
+    return MethodPolicy(instantiate(compose_config(f"method={name}", "rho=0").method))
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -111,7 +113,7 @@ def test_examples_have_stable_ids(task):
     examples = task.examples()
     assert len(examples) == 5 * 4
     assert examples[7].example_id == "topic_return/0003" and examples[7].subtask == "topic_return"
-    assert DialogTask.needs_model is False and task.name == "dialogs"
+    assert task.protocol is TaskProtocol.WORLD and task.name == "dialogs"
     assert "n_dialogs" not in task.identity() and task.identity()["budget"] == 56
     built = instantiate(compose_config("task=dialogs", "task.n_dialogs=2").task)
     assert isinstance(built, DialogTask) and built.n_dialogs == 2 and built.scenarios == list(SCENARIOS)
@@ -148,11 +150,11 @@ def test_budget_held_at_every_step_and_batch_equals_single_dialogs(task, name):
 
 def test_fdkvc_without_bias_or_eviction_equals_the_full_cache():
     roomy = DialogTask(n_dialogs=3, budget=10_000, scenarios=["mixed", "gradual"])
-    full = roomy.evaluate(FullCache())
-    plain = roomy.evaluate(FDKVC(beta=0.0, selection=Selection(budget_tokens=56)))
+    full = roomy.evaluate(MethodPolicy(FullCache()))
+    plain = roomy.evaluate(MethodPolicy(FDKVC(beta=0.0, selection=Selection(budget_tokens=56))))
     assert torch.allclose(torch.tensor(plain["alignment"]), torch.tensor(full["alignment"]), atol=1e-6)
     assert torch.equal(torch.tensor(plain["retention"]), torch.tensor(full["retention"]))
-    biased = roomy.evaluate(FDKVC(beta=0.25, selection=Selection(budget_tokens=56)))
+    biased = roomy.evaluate(MethodPolicy(FDKVC(beta=0.25, selection=Selection(budget_tokens=56))))
     assert not torch.allclose(torch.tensor(biased["alignment"]), torch.tensor(full["alignment"]), atol=1e-4)
 
 

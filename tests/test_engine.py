@@ -10,6 +10,7 @@ from conftest import NAMED_METHODS, TINY_MODELS, named_method
 
 from harness import attention, kv_cache
 from harness.engine import Engine
+from harness.evicting_attention import single_query_attention
 from harness.sampling import Sampling
 from methods.full import FullCache
 
@@ -156,7 +157,7 @@ def test_single_query_attention_matches_sdpa():
     query = torch.randn(1, 6, 1, 16, generator=generator)
     key = torch.randn(1, 2, 40, 16, generator=generator)
     value = torch.randn(1, 2, 40, 16, generator=generator)
-    output, weights = attention.single_query_attention(query, key, value, 0.25, None)
+    output, weights = single_query_attention(query, key, value, 0.25, None)
     expected = torch.nn.functional.scaled_dot_product_attention(
         query, key.repeat_interleave(3, dim=1), value.repeat_interleave(3, dim=1), scale=0.25
     )
@@ -165,7 +166,7 @@ def test_single_query_attention_matches_sdpa():
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3))
     bias = torch.zeros(2, 40)
     bias[:, 7] = -torch.inf
-    _, masked = attention.single_query_attention(query, key, value, 0.25, bias)
+    _, masked = single_query_attention(query, key, value, 0.25, bias)
     assert torch.all(masked[:, :, 7] == 0)
 
 

@@ -11,7 +11,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness.config import compose_config
 from harness.engine import Engine
-from methods.base import LayerView, SequenceInfo
+from methods.base import KeepPlan, LayerView, SequenceInfo
+from methods.driver import Driver
 from methods.fdkvc import FDKVC
 from methods.full import FullCache
 from methods.selection import Selection
@@ -35,12 +36,20 @@ def view(weights: list[float], queries: torch.Tensor | None = None) -> LayerView
     )
 
 
+def step(driver: Driver, weights: list[float]) -> KeepPlan | None:
+    """One decode step of a one-layer sequence that evicts nothing: ``weights`` over every cached entry."""
+    driver.next_step()
+    if driver.observing:
+        driver.observe(view(weights))
+    return driver.end_step()
+
+
 def test_config_has_the_paper_defaults():
     from hydra.utils import instantiate
 
     method = instantiate(compose_config("method=fdkvc", "rho=0.5").method)
     assert isinstance(method, FDKVC)
-    paper = dict(gamma=0.88, alpha0=0.3, mu=0.4, tau=0.02, beta=0.25, w_c=0.45, w_rho=0.55)
+    paper = dict(gamma=0.88, alpha0=0.3, mu=0.4, tau=0.02, beta=0.25, w_c=0.45, w_recency=0.55)
     assert {k: getattr(method, k) for k in paper} == paper
     assert method.selection.rho == 0.5 and method.selection.granularity == "head"
     with pytest.raises(ValueError):
@@ -51,17 +60,16 @@ def test_config_has_the_paper_defaults():
 
 def test_cumulative_channel_new_entries_at_one_turn_mean_added_at_turn_end():
     method = FDKVC(selection=Selection(budget_tokens=100), turn_length=2, beta=0.0)
-    method.begin(info(3))
-    assert method.keep(0, [torch.arange(3)[None]]) is None
-    method.observe(view([0.1, 0.2, 0.3, 0.4]))
-    method.keep(1, [torch.arange(4)[None]])
+    driver = Driver(method, info(3))
+    # No prefill observation: the prompt turn adds no relevance, so recency stays at 1.
+    assert driver.end_prefill() is None
+    step(driver, [0.1, 0.2, 0.3, 0.4])
     # Mid-turn: c untouched, every entry (the new one too) at 1.
     assert method.c[0, 0, :5].tolist() == [1.0] * 5
-    method.observe(view([0.1, 0.1, 0.2, 0.2, 0.4]))
-    method.keep(2, [torch.arange(5)[None]])
+    step(driver, [0.1, 0.1, 0.2, 0.2, 0.4])
     # Turn end: c += (sum of the turn's attention) / 2 steps.
     assert method.c[0, 0, :5] == pytest.approx([1.1, 1.15, 1.25, 1.3, 1.2])
-    # The rate comes from h before the rho update (rho = 1 everywhere).
+    # The rate comes from h before the recency update (recency = 1 everywhere).
     c_hat = torch.tensor([1.1, 1.15, 1.25, 1.3, 1.2]) / 1.3
     h = 0.45 * c_hat + 0.55
     h_hat = h / h.max()
@@ -71,30 +79,30 @@ def test_cumulative_channel_new_entries_at_one_turn_mean_added_at_turn_end():
 
 def test_cumulative_channel_every_step_is_h2o_with_new_entries_at_one():
     method = FDKVC(selection=Selection(budget_tokens=100), turn_length=8, beta=0.0, c_every_step=True)
-    method.begin(info(3))
-    method.keep(0, [torch.arange(3)[None]])
-    method.observe(view([0.1, 0.2, 0.3, 0.4]))
+    driver = Driver(method, info(3))
+    driver.end_prefill()
+    step(driver, [0.1, 0.2, 0.3, 0.4])
     assert method.c[0, 0, :5].tolist() == pytest.approx([1.1, 1.2, 1.3, 1.4, 1.0])
 
 
-def test_rho_decays_and_is_reinforced_by_the_cosine_to_the_mean_query():
+def test_recency_decays_and_is_reinforced_by_the_cosine_to_the_mean_query():
     method = FDKVC(selection=Selection(budget_tokens=100), turn_length=4)
     method.begin(info(4))
     method.c[0, 0, :4] = torch.tensor([1.0, 2.0, 4.0, 1.0])
-    method.rho[0, 0, :4] = torch.tensor([0.5, 0.5, 0.5, 0.2])
+    method.recency[0, 0, :4] = torch.tensor([0.5, 0.5, 0.5, 0.2])
     keys = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [1.0, 1.0]]])
     # Mean query [1, 0] (two prompt queries): cosines [1, 0, -1, 1/sqrt 2] -> relu.
     queries = torch.tensor([[[2.0, 1.0], [0.0, -1.0]]])
     assert method.wants_prefill_queries == 4
     method.observe_prefill(LayerView(0, keys, keys, torch.arange(4)[None], queries=queries))
     assert method.keep(0, [torch.arange(4)[None]]) is None
-    # h = 0.45 * c / 4 + 0.55 * rho = [0.3875, 0.5, 0.725, 0.2225]; h_hat = h / 0.725;
+    # h = 0.45 * c / 4 + 0.55 * recency = [0.3875, 0.5, 0.725, 0.2225]; h_hat = h / 0.725;
     # L = mean h_hat (1 - h_hat) = 0.168888; alpha = 0.3 / (1 + 0.4 L) = 0.281018.
     assert method.last_loss.item() == pytest.approx(0.168888, abs=1e-5)
     assert method.last_alpha.item() == pytest.approx(0.281018, abs=1e-5)
     alpha = 0.281018
     expected = [0.88 * 0.5 + alpha, 0.44, 0.44, 0.88 * 0.2 + alpha / math.sqrt(2)]
-    assert method.rho[0, 0, :4].tolist() == pytest.approx(expected, abs=1e-5)
+    assert method.recency[0, 0, :4].tolist() == pytest.approx(expected, abs=1e-5)
 
 
 def test_adaptive_rate_from_the_ownership_loss():
@@ -108,23 +116,23 @@ def test_adaptive_rate_from_the_ownership_loss():
 
 
 def test_threshold_then_top_budget():
-    method = FDKVC(selection=Selection(budget_tokens=3), w_c=0.0, w_rho=1.0, tau=0.5, turn_length=100)
+    method = FDKVC(selection=Selection(budget_tokens=3), w_c=0.0, w_recency=1.0, tau=0.5, turn_length=100)
     method.begin(info(4))
-    method.rho[0, 0, :5] = torch.tensor([0.9, 0.1, 0.6, 0.3, 0.8])
+    method.recency[0, 0, :5] = torch.tensor([0.9, 0.1, 0.6, 0.3, 0.8])
     positions = [torch.arange(5)[None]]
     assert method.keep(1, positions)[0].tolist() == [0, 2, 4]
     method.tau = 0.7  # 0.6 < 0.7 * 0.9 falls under the threshold: fewer than B survive
     assert method.keep(1, positions)[0].tolist() == [0, 4]
     method.tau = 0.0
-    method.rho[0, 0, :4] = torch.tensor([0.9, 0.1, 0.6, 0.3])
+    method.recency[0, 0, :4] = torch.tensor([0.9, 0.1, 0.6, 0.3])
     assert method.keep(1, [torch.arange(4)[None]])[0].tolist() == [0, 2, 3]
 
 
 def test_threshold_per_head_keeps_one_size_for_all_heads():
     selection = Selection(budget_tokens=3, granularity="head")
-    method = FDKVC(selection=selection, w_c=0.0, w_rho=1.0, tau=0.7, turn_length=100)
+    method = FDKVC(selection=selection, w_c=0.0, w_recency=1.0, tau=0.7, turn_length=100)
     method.begin(info(4, heads=2))
-    method.rho[0, :, :5] = torch.tensor([[0.9, 0.1, 0.6, 0.3, 0.8], [0.9, 0.85, 0.8, 0.75, 0.7]])
+    method.recency[0, :, :5] = torch.tensor([[0.9, 0.1, 0.6, 0.3, 0.8], [0.9, 0.85, 0.8, 0.75, 0.7]])
     plan = method.keep(1, [torch.arange(5).expand(2, -1)])
     assert plan[0].tolist() == [[0, 2, 4], [0, 1, 2]]
 
@@ -133,12 +141,12 @@ def test_attention_modulation_bias():
     method = FDKVC(selection=Selection(budget_tokens=10), beta=0.25)
     method.begin(info(3))
     positions = torch.arange(3)[None]
-    method.rho[0, 0, :3] = torch.tensor([1.0, 0.5, 0.0])
+    method.recency[0, 0, :3] = torch.tensor([1.0, 0.5, 0.0])
     expected = [0.0, 0.25 * math.log(0.75), 0.25 * math.log(0.5)]
     assert method.logit_bias(0, positions)[0].tolist() == pytest.approx(expected)
-    method.rho[0, 0, :3] = torch.tensor([0.5, 0.25, 0.0])  # rho_hat = rho / max rho
+    method.recency[0, 0, :3] = torch.tensor([0.5, 0.25, 0.0])  # recency_hat = recency / max recency
     assert method.logit_bias(0, positions)[0].tolist() == pytest.approx(expected)
-    # Multiplying the softmax weights by (0.5 + 0.5 rho_hat)^beta is this additive logit bias.
+    # Multiplying the softmax weights by (0.5 + 0.5 recency_hat)^beta is this additive logit bias.
     logits = torch.tensor([0.3, -0.2, 0.5])
     modulated = torch.softmax(logits, 0) * (0.5 + 0.5 * torch.tensor([1.0, 0.5, 0.0])) ** 0.25
     biased = torch.softmax(logits + method.logit_bias(0, positions)[0], 0)
@@ -254,7 +262,10 @@ def test_smollm2_multi_turn_chat(smollm2):
         ({"beta": None}, "method.beta=None must be a number >= 0 — "),
         ({"tau": 1.0}, "method.tau=1.0 must be a number in [0, 1) — "),
         ({"w_c": "half"}, "method.w_c='half' must be a number >= 0 — "),
-        ({"w_c": 0, "w_rho": 0.0}, "method.w_c=0 and method.w_rho=0.0 are both 0, so no entry ranks above another — "),
+        (
+            {"w_c": 0, "w_recency": 0.0},
+            "method.w_c=0 and method.w_recency=0.0 are both 0, so no entry ranks above another — ",
+        ),
         ({"turn_length": 0}, "method.turn_length=0 must be an integer >= 1 — use e.g. method.turn_length=32"),
         ({"turn_length": "32"}, "method.turn_length='32' must be an integer >= 1 — "),
         ({"relevance": "softmax"}, "method.relevance='softmax' is not a relevance normalisation — use one of relu,"),

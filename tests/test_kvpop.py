@@ -16,8 +16,8 @@ from safetensors.torch import save_file
 from harness import kv_cache
 from harness.config import compose_config, model_spec
 from harness.engine import Engine
-from harness.kvpop.loss import boundary_loss, sample_queries
-from harness.kvpop.target import future_attention_target
+from harness.training.kvpop.loss import boundary_loss, sample_queries
+from harness.training.kvpop.target import future_attention_target
 from methods.base import SequenceInfo
 from methods.kvpop import CheckpointInfo, KVpop, build_scorer, effective_score, save_checkpoint, static_base
 from methods.kvpop.policy import static_priority
@@ -126,7 +126,9 @@ def tiny_checkpoint(path, kind: str = "mlstm", model: str = "tiny_llama", layers
     torch.manual_seed(1)
     hyper = {"cell_dim": 4, "delay": 8} if kind == "mlstm" else {"hidden": 8}
     scorer = build_scorer(kind, layers, 2, 16, gamma_min=0.999, gamma_max=1.0, **hyper)
-    info = CheckpointInfo(model, layers, 2, 16, scorer.hyperparameters(), {"s": 2, "w": 8, "k": 30, "n": 1})
+    info = CheckpointInfo(
+        model, layers, 2, 16, scorer.hyperparameters(), {"sinks": 2, "window": 8, "k": 30, "bucket": 1}
+    )
     return str(save_checkpoint(scorer, path / f"{kind}.safetensors", info))
 
 
@@ -183,17 +185,17 @@ def test_checkpoint_for_another_model_is_refused(tmp_path):
     info = SequenceInfo(prefill_len=64, num_layers=3, num_kv_heads=2, num_query_heads=4, max_new_tokens=4)
     with pytest.raises(ValueError, match=r"4 layers.*3 layers"):
         KVpop(checkpoint=deeper, rho=0.5).begin(info)
-    with pytest.raises(Exception, match="method.scorer='mlp' but .* holds a mlstm scorer — "):
+    with pytest.raises(Exception, match="method.scorer_kind='mlp' but .* holds a mlstm scorer — "):
         kvpop_method(checkpoint, "tiny_llama", method="kvpop_mlp")
 
 
 def test_training_writes_a_checkpoint_the_policy_loads(tmp_path, tiny_models):
-    from harness.train_kvpop import train
+    from harness.training.kvpop.train import train
 
     cfg = compose_config(
         "model=tiny_llama",
-        "kvpop.s=2",
-        "kvpop.w=8",
+        "kvpop.sinks=2",
+        "kvpop.window=8",
         "kvpop.k=16",
         "kvpop.cell_dim=4",
         "data.length=96",
@@ -207,13 +209,13 @@ def test_training_writes_a_checkpoint_the_policy_loads(tmp_path, tiny_models):
     summary = train(cfg)
     assert [point["step"] for point in summary["history"]] == [2, 4]
     method = kvpop_method(summary["checkpoint"], "tiny_llama", "rho=0.5")
-    assert method.trained.policy == {"s": 2, "w": 8, "k": 16, "n": 1}
+    assert method.trained.policy == {"sinks": 2, "window": 8, "k": 16, "bucket": 1}
     assert OmegaConf.create(method.trained.train["config"]).kvpop.k == 16
     assert model_spec("tiny_llama").name == method.trained.model
 
 
 def test_hub_documents_need_a_pinned_revision_and_read_local_copies(tmp_path):
-    from harness.kvpop.data import documents
+    from harness.training.kvpop.data import documents
 
     with pytest.raises(ValueError, match="has no revision — pin a commit"):
         documents(None, {"path": "open-r1/OpenR1-Math-220k", "column": "solution"})
@@ -225,7 +227,9 @@ def test_hub_documents_need_a_pinned_revision_and_read_local_copies(tmp_path):
 
 def test_unreadable_checkpoints_say_what_to_pass(tmp_path):
     missing = tmp_path / "x.safetensors"
-    train = "train one with python -m harness.train_kvpop model=<model> and pass method.checkpoint=<path>.safetensors"
+    train = (
+        "train one with python -m harness.training.kvpop model=<model> and pass method.checkpoint=<path>.safetensors"
+    )
     with pytest.raises(FileNotFoundError, match=re.escape(f"KVpop checkpoint '{missing}' does not exist — {train}")):
         KVpop(checkpoint=str(missing))
     text = tmp_path / "text.safetensors"
@@ -238,7 +242,7 @@ def test_unreadable_checkpoints_say_what_to_pass(tmp_path):
         with pytest.raises(ValueError, match=re.escape(f"{path} is not a safetensors file (")) as raised:
             KVpop(checkpoint=str(path))
         assert_one_line(str(raised.value))
-        assert str(raised.value).endswith("— pass a checkpoint written by python -m harness.train_kvpop")
+        assert str(raised.value).endswith("— pass a checkpoint written by python -m harness.training.kvpop")
     plain = tmp_path / "plain.safetensors"
     save_file({"w": torch.zeros(2)}, str(plain))
     with pytest.raises(
@@ -295,7 +299,7 @@ def test_budget_hint_follows_where_the_budget_comes_from(tmp_path):
     ("options", "named"),
     [
         ({"checkpoint": None}, "method.checkpoint=None is not a checkpoint path — train one with"),
-        ({"scorer": "lstm"}, "method.scorer='lstm' is not a KVpop scorer — use one of mlp, mlstm"),
+        ({"scorer_kind": "lstm"}, "method.scorer_kind='lstm' is not a KVpop scorer — use one of mlp, mlstm"),
         ({"rho": "abc"}, "rho='abc' is not a number — "),
         ({"k": "abc"}, "method.k='abc' is not a number >= 1 of older tokens kept beyond sinks+window — "),
         ({"sinks": -1}, "method.sinks=-1 must be an integer >= 0 — use e.g. method.sinks=4"),
@@ -316,7 +320,7 @@ def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> N
         ("mlp", {"gamma_min": "x", "hidden": 8}, "kvpop.gamma_min='x' and kvpop.gamma_max=1.0 must be numbers"),
         ("mlp", {"gamma_min": 0.5, "gamma_max": 1.5, "hidden": 8}, "kvpop.gamma_min=0.5 and kvpop.gamma_max=1.5"),
         ("mlp", {"hidden": 0}, "kvpop.hidden=0 must be an integer >= 1 — use e.g. kvpop.hidden=32"),
-        ("mlstm", {"cell_dim": 4, "delay": -1}, "kvpop.w=-1, the mLSTM readout delay, must be an integer >= 0 — "),
+        ("mlstm", {"cell_dim": 4, "delay": -1}, "kvpop.window=-1, the mLSTM readout delay, must be an integer >= 0 — "),
         ("mlstm", {"cell_dim": "4", "delay": 8}, "kvpop.cell_dim='4' must be an integer >= 1 — "),
         ("mlstm", {"cell_dim": 4, "delay": 8, "chunk": 0}, "kvpop.chunk=0 must be an integer >= 1 — "),
     ],

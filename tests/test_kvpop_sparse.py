@@ -8,7 +8,7 @@ from test_kvpop import kvpop_method, tiny_checkpoint
 
 from harness.config import compose_config
 from harness.engine import Engine
-from harness.kvpop.sparse import distillation_loss, kvpop_mask, streaming_mask
+from harness.training.kvpop.sparse import distillation_loss, kvpop_mask, streaming_mask
 
 
 def test_fenwick_mask_matches_brute_force_top_k():
@@ -32,10 +32,10 @@ def test_mask_is_the_attention_pattern_the_engine_produces(tiny_models, tmp_path
     )
     prompt = torch.randint(0, 49152, (96,), generator=torch.Generator().manual_seed(5)).tolist()
     engine.generate(prompt, 20)
-    k = 48 - method.s - method.w
+    k = 48 - method.sinks - method.window
     for layer in range(3):
         # The MLP scores every token on insertion, so the static priorities of all positions are known.
-        mask = kvpop_mask(method.base[layer], method.s, method.w, k)
+        mask = kvpop_mask(method.base[layer], method.sinks, method.window, k)
         for step in range(1, 20):
             newest = 96 + step - 1
             # after step `step` the cache is what query newest + 1 attends to, less that new token
@@ -57,12 +57,12 @@ def test_distillation_loss_is_zero_without_eviction_and_trains_under_it(tiny_mod
 
 
 def test_training_with_distillation_saves_a_model(tmp_path):
-    from harness.train_kvpop import train
+    from harness.training.kvpop.train import train
 
     cfg = compose_config(
         "model=tiny_llama",
-        "kvpop.s=2",
-        "kvpop.w=8",
+        "kvpop.sinks=2",
+        "kvpop.window=8",
         "kvpop.k=16",
         "kvpop.scorer=mlp",
         "data.length=64",

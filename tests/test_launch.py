@@ -9,10 +9,10 @@ import subprocess
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from slurm_local import LocalSlurm, SlurmLocalError
 from sweeps import interrupt_then_resume
 
 from harness.config import CONF_DIR
-from harness.slurm_local import LocalSlurm, SlurmLocalError
 
 
 def test_local_executor_sweep_killed_halfway_resumes_without_recomputing(tmp_path):
@@ -24,7 +24,7 @@ def test_local_executor_sweep_killed_halfway_resumes_without_recomputing(tmp_pat
 
 
 def test_missing_slurm_packages_fail_with_the_install_line(monkeypatch, tmp_path):
-    monkeypatch.setattr("harness.slurm_local.shutil.which", lambda name, path=None: None)
+    monkeypatch.setattr("slurm_local.shutil.which", lambda name, path=None: None)
     with pytest.raises(SlurmLocalError, match=r"apt-get install -y --no-install-recommends munge slurmctld"):
         LocalSlurm(tmp_path / "cluster").start()
 

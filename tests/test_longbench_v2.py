@@ -15,6 +15,7 @@ from harness.engine import Engine
 from harness.models import ModelSpec, load_model, load_tokenizer
 from harness.run import execute, stop_token_ids
 from methods.full import FullCache
+from tasks.base import TaskProtocol
 from tasks.longbench_v2.protocol import TEMPLATE_0SHOT, extract_answer, fill
 from tasks.longbench_v2.task import LongBenchV2Task
 
@@ -105,8 +106,8 @@ def test_cot_answer_pass(tokenizer) -> None:
     )
     # No reasoning, no answer pass (pred.py drops the question; here it scores 0); 0-shot has none.
     assert task.follow_up(tokenizer, example, " \n") is None
-    [zero_shot] = LongBenchV2Task(data_dir=str(FIXTURES), n=1).examples(tokenizer)
-    assert LongBenchV2Task(data_dir=str(FIXTURES), n=1).follow_up(tokenizer, zero_shot, "Reasoning.") is None
+    assert task.protocol is TaskProtocol.GENERATE_THEN_ANSWER
+    assert LongBenchV2Task(data_dir=str(FIXTURES), n=1).protocol is TaskProtocol.GENERATE
 
 
 def test_cot_runs_both_passes_through_the_harness(tmp_path: Path, tokenizer) -> None:

@@ -1,7 +1,8 @@
-"""ScoredEviction driven the way harness.engine drives it, against hand-computed states and keep sets.
+"""ScoredEviction driven through ``methods.driver.Driver``, the driver the engine uses, against hand-computed states.
 
-Per decode step t: every layer's ``observe`` if ``observes(t)``, then ``keep(t, positions)`` with
-``positions[layer]`` the ``(kv_heads, T)`` absolute positions now cached (the newest included).
+``start`` begins a sequence and takes the prefill's ``keep(0)``; ``step`` is one decode step: the driver caches the
+newest position, every layer is observed if ``observes(t)`` (with the test's weights if ``needs_attention(t)``), then
+``keep(t, driver.positions)``, with ``driver.positions[layer]`` the ``(kv_heads, T)`` absolute positions now cached.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from hydra import compose, initialize_config_dir
 from torch import Tensor
 
 from methods.aggregation import EMA, Cumulative, SingleStep
-from methods.base import LayerView, SequenceInfo
+from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
+from methods.driver import Driver
 from methods.full import FullCache
 from methods.prompt_attention import prompt_attention_votes
 from methods.scored import ScoredEviction
@@ -41,40 +43,35 @@ def seq(prefill_len: int, layers: int, kv_heads: int, group: int, max_new: int =
     )
 
 
-def prompt_positions(prefill_len: int, layers: int, kv_heads: int) -> list[Tensor]:
-    return [torch.arange(prefill_len).expand(kv_heads, -1)] * layers
+def start(method: EvictionMethod, info: SequenceInfo) -> Driver:
+    """``begin`` and the prefill's ``keep(0)``, for methods that observe nothing at the prefill."""
+    driver = Driver(method, info)
+    assert driver.prefill_queries == 0, "observe the prefill through driver.observe_prefill"
+    driver.end_prefill()
+    return driver
 
 
-def append_newest(positions: list[Tensor], newest: int) -> list[Tensor]:
-    return [torch.cat([p, torch.full((p.shape[0], 1), newest)], dim=1) for p in positions]
+def observe_layers(driver: Driver, weights: list[Tensor] | None = None) -> None:
+    """Every layer's ``observe`` at the current step, if the method observes it; ``weights[layer]`` if it needs them."""
+    if not driver.observing:
+        return
+    for layer, layer_positions in enumerate(driver.positions):
+        kv_heads, length = layer_positions.shape
+        view = LayerView(
+            layer=layer,
+            keys=torch.ones(kv_heads, length, HEAD_DIM),
+            values=torch.ones(kv_heads, length, HEAD_DIM),
+            positions=layer_positions,
+            weights=None if weights is None or not driver.attention else weights[layer],
+        )
+        driver.observe(view)
 
 
-def gather(positions: list[Tensor], plan: list[Tensor] | None) -> list[Tensor]:
-    if plan is None:
-        return positions
-    out = []
-    for p, index in zip(positions, plan, strict=True):
-        out.append(p[:, index] if index.dim() == 1 else p.gather(1, index))
-    return out
-
-
-def step(
-    method: ScoredEviction, t: int, positions: list[Tensor], weights: list[Tensor] | None = None
-) -> tuple[list[Tensor] | None, list[Tensor]]:
-    """One decode step in the engine's order; ``positions`` already holds the newest entry."""
-    if method.observes(t):
-        for layer, layer_positions in enumerate(positions):
-            kv_heads, length = layer_positions.shape
-            view = LayerView(
-                layer=layer,
-                keys=torch.ones(kv_heads, length, HEAD_DIM),
-                values=torch.ones(kv_heads, length, HEAD_DIM),
-                positions=layer_positions,
-                weights=None if weights is None or not method.needs_attention(t) else weights[layer],
-            )
-            method.observe(view)
-    plan = method.keep(t, positions)
-    return plan, gather(positions, plan)
+def step(driver: Driver, weights: list[Tensor] | None = None) -> KeepPlan | None:
+    """One decode step: the newest entry joins every layer's cache, the layers are observed, then ``keep``."""
+    driver.next_step()
+    observe_layers(driver, weights)
+    return driver.end_step()
 
 
 def spread(scores: Tensor, offsets: Tensor) -> Tensor:
@@ -99,12 +96,10 @@ S2 = [
 def run_two_steps(aggregator, granularity: str) -> ScoredEviction:
     """K=3 layers, 2 KV heads x group 2, L0=5, no eviction (budget 100): two observed steps."""
     method = ScoredEviction(AttentionScorer(), aggregator, Selection(budget_tokens=100, granularity=granularity))
-    method.begin(seq(prefill_len=5, layers=3, kv_heads=2, group=2))
-    positions = append_newest(prompt_positions(5, 3, 2), 5)
-    plan, positions = step(method, 1, positions, [spread(s, OFFSETS) for s in S1])
+    driver = start(method, seq(prefill_len=5, layers=3, kv_heads=2, group=2))
+    plan = step(driver, [spread(s, OFFSETS) for s in S1])
     assert plan is None
-    positions = append_newest(positions, 6)
-    plan, positions = step(method, 2, positions, [spread(s, OFFSETS) for s in S2])
+    plan = step(driver, [spread(s, OFFSETS) for s in S2])
     assert plan is None
     return method
 
@@ -118,9 +113,8 @@ def pad(x: Tensor, length: int) -> Tensor:
 
 def test_ema_token_state_is_layer_weighted_closed_form_within_one_step() -> None:
     method = ScoredEviction(AttentionScorer(), EMA(alpha=A), Selection(budget_tokens=100))
-    method.begin(seq(prefill_len=5, layers=3, kv_heads=2, group=2))
-    positions = append_newest(prompt_positions(5, 3, 2), 5)
-    step(method, 1, positions, [spread(s, OFFSETS) for s in S1])
+    driver = start(method, seq(prefill_len=5, layers=3, kv_heads=2, group=2))
+    step(driver, [spread(s, OFFSETS) for s in S1])
     K = 3
     expected = sum((1 - A) * A ** (K - 1 - layer) * S1[layer] for layer in range(K))
     torch.testing.assert_close(method.state[0, 0, :6], expected)
@@ -173,38 +167,35 @@ def test_ema_head_granularity_keeps_one_independent_state_per_layer_and_head() -
 
 def test_token_granularity_keep_is_one_set_shared_by_all_layers() -> None:
     method = ScoredEviction(AttentionScorer(), SingleStep(), Selection(budget_tokens=3))
-    method.begin(seq(prefill_len=4, layers=2, kv_heads=2, group=1))
-    positions = append_newest(prompt_positions(4, 2, 2), 4)
+    driver = start(method, seq(prefill_len=4, layers=2, kv_heads=2, group=1))
     layer0 = torch.tensor([0.10, 0.90, 0.10, 0.80, 0.10])
     layer1 = torch.tensor([0.30, 0.05, 0.60, 0.15, 0.20])
     w = [layer0.expand(2, 1, -1), layer1.expand(2, 1, -1)]
-    plan, positions = step(method, 1, positions, w)
+    plan = step(driver, w)
     # SingleStep under shared state: the last layer overwrites the first; one set for all layers.
     assert plan is not None and len(plan) == 2
     assert plan[0].dim() == 1
     assert plan[0].tolist() == plan[1].tolist() == [0, 2, 4]
-    assert positions[0].tolist() == positions[1].tolist() == [[0, 2, 4], [0, 2, 4]]
+    assert driver.positions[0].tolist() == driver.positions[1].tolist() == [[0, 2, 4], [0, 2, 4]]
 
 
 def test_layer_granularity_keep_sets_are_independent_per_layer() -> None:
     method = ScoredEviction(AttentionScorer(), SingleStep(), Selection(budget_tokens=4, granularity="layer"))
-    method.begin(seq(prefill_len=6, layers=2, kv_heads=2, group=1))
-    positions = append_newest(prompt_positions(6, 2, 2), 6)
+    driver = start(method, seq(prefill_len=6, layers=2, kv_heads=2, group=1))
     # Per layer the two KV heads disagree; only their mean decides.
     layer0 = torch.tensor([[[0.4, 0.0, 0.3, 0.1, 0.0, 0.1, 0.1]], [[0.0, 0.4, 0.1, 0.3, 0.1, 0.0, 0.1]]])
     layer1 = torch.tensor([[[0.0, 0.0, 0.1, 0.3, 0.2, 0.2, 0.2]], [[0.1, 0.0, 0.0, 0.1, 0.2, 0.3, 0.3]]])
-    plan, positions = step(method, 1, positions, [layer0, layer1])
+    plan = step(driver, [layer0, layer1])
     assert plan is not None
     assert plan[0].tolist() == [0, 1, 2, 3]
     assert plan[1].tolist() == [3, 4, 5, 6]
-    assert positions[0].tolist() == [[0, 1, 2, 3]] * 2
-    assert positions[1].tolist() == [[3, 4, 5, 6]] * 2
+    assert driver.positions[0].tolist() == [[0, 1, 2, 3]] * 2
+    assert driver.positions[1].tolist() == [[3, 4, 5, 6]] * 2
 
 
 def test_head_granularity_keep_returns_per_head_sets_of_equal_count() -> None:
     method = ScoredEviction(AttentionScorer(), SingleStep(), Selection(budget_tokens=4, granularity="head"))
-    method.begin(seq(prefill_len=8, layers=2, kv_heads=2, group=1))
-    positions = append_newest(prompt_positions(8, 2, 2), 8)
+    driver = start(method, seq(prefill_len=8, layers=2, kv_heads=2, group=1))
     w0 = torch.tensor(
         [
             [[0.90, 0.10, 0.80, 0.20, 0.70, 0.30, 0.60, 0.40, 0.00]],
@@ -217,22 +208,21 @@ def test_head_granularity_keep_returns_per_head_sets_of_equal_count() -> None:
             [[0.80, 0.70, 0.60, 0.50, 0.40, 0.30, 0.20, 0.10, 0.00]],
         ]
     )
-    plan, positions = step(method, 1, positions, [w0, w1])
+    plan = step(driver, [w0, w1])
     assert plan is not None
     assert [p.shape for p in plan] == [(2, 4), (2, 4)]
     assert plan[0].tolist() == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert plan[1].tolist() == [[5, 6, 7, 8], [0, 1, 2, 3]]
-    assert positions[0].tolist() == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert driver.positions[0].tolist() == [[0, 2, 4, 6], [1, 3, 5, 7]]
 
     # Step 2: each head's cache now holds different positions; scores land on those positions.
-    positions = append_newest(positions, 9)
     w0 = torch.tensor([[[0.1, 0.5, 0.4, 0.3, 0.2]], [[0.5, 0.4, 0.3, 0.2, 0.1]]])
     w1 = torch.tensor([[[0.5, 0.1, 0.4, 0.3, 0.2]], [[0.3, 0.2, 0.1, 0.5, 0.4]]])
-    plan, positions = step(method, 2, positions, [w0, w1])
+    plan = step(driver, [w0, w1])
     assert plan[0].tolist() == [[1, 2, 3, 4], [0, 1, 2, 3]]
     assert plan[1].tolist() == [[0, 2, 3, 4], [0, 1, 3, 4]]
-    assert positions[0].tolist() == [[2, 4, 6, 9], [1, 3, 5, 7]]
-    assert positions[1].tolist() == [[5, 7, 8, 9], [0, 1, 3, 9]]
+    assert driver.positions[0].tolist() == [[2, 4, 6, 9], [1, 3, 5, 7]]
+    assert driver.positions[1].tolist() == [[5, 7, 8, 9], [0, 1, 3, 9]]
     # State lives over absolute positions, per layer and head.
     assert method.state[0, 0, 2].item() == pytest.approx(0.5)
     assert method.state[1, 1, 3].item() == pytest.approx(0.5)
@@ -243,21 +233,18 @@ def test_head_granularity_keep_returns_per_head_sets_of_equal_count() -> None:
 
 def test_keep_is_none_at_step_zero_and_within_budget() -> None:
     method = ScoredEviction(AttentionScorer(), EMA(), Selection(budget_tokens=5))
-    method.begin(seq(prefill_len=20, layers=2, kv_heads=1, group=1))
+    driver = Driver(method, seq(prefill_len=20, layers=2, kv_heads=1, group=1))
     # Over budget after the prefill, but decode-time methods never evict at step 0.
-    assert method.keep(0, prompt_positions(20, 2, 1)) is None
+    assert driver.end_prefill() is None
 
-    method.begin(seq(prefill_len=3, layers=2, kv_heads=1, group=1))
-    positions = append_newest(prompt_positions(3, 2, 1), 3)
+    driver = start(method, seq(prefill_len=3, layers=2, kv_heads=1, group=1))
     w = [torch.full((1, 1, 4), 0.25)] * 2
-    plan, positions = step(method, 1, positions, w)
+    plan = step(driver, w)
     assert plan is None  # 4 <= 5
-    positions = append_newest(positions, 4)
-    plan, positions = step(method, 2, positions, [torch.full((1, 1, 5), 0.2)] * 2)
+    plan = step(driver, [torch.full((1, 1, 5), 0.2)] * 2)
     assert plan is None  # 5 <= 5
-    positions = append_newest(positions, 5)
-    plan, positions = step(method, 3, positions, [torch.tensor([[[0.3, 0.1, 0.2, 0.2, 0.1, 0.1]]])] * 2)
-    assert plan is not None and positions[0].shape == (1, 5)
+    plan = step(driver, [torch.tensor([[[0.3, 0.1, 0.2, 0.2, 0.1, 0.1]]])] * 2)
+    assert plan is not None and driver.positions[0].shape == (1, 5)
 
 
 def test_begin_resets_state_per_sequence() -> None:
@@ -275,10 +262,9 @@ W1 = torch.tensor([0.30, 0.05, 0.20, 0.10, 0.15, 0.02, 0.18])  # positions 0..6
 M1 = {0: 0.06, 1: 0.01, 2: 0.04, 3: 0.02, 4: 0.03, 5: 0.004, 6: 0.036}  # 0.2 * W1
 
 
-def lazy_method(**kwargs) -> ScoredEviction:
+def lazy(**kwargs) -> Driver:
     method = ScoredEviction(AttentionScorer(), EMA(alpha=A), Selection(budget_tokens=5), **kwargs)
-    method.begin(seq(prefill_len=6, layers=1, kv_heads=1, group=1))
-    return method
+    return start(method, seq(prefill_len=6, layers=1, kv_heads=1, group=1))
 
 
 def state_at(method: ScoredEviction, positions: list[int]) -> Tensor:
@@ -286,70 +272,63 @@ def state_at(method: ScoredEviction, positions: list[int]) -> Tensor:
 
 
 def test_lazy_refresh_observes_exactly_on_steps_one_plus_multiples_of_r() -> None:
-    method = lazy_method(refresh_every=4)
+    method = lazy(refresh_every=4).method
     observed = [t for t in range(1, 30) if method.observes(t)]
     assert observed == [1, 5, 9, 13, 17, 21, 25, 29]
     assert [t for t in range(1, 30) if method.needs_attention(t)] == observed
-    every = lazy_method(refresh_every=1)
+    every = lazy(refresh_every=1).method
     assert all(every.observes(t) for t in range(1, 30))
 
 
 def test_lazy_refresh_inits_new_entries_with_the_mean_and_evicts_every_step_on_stale_state() -> None:
-    method = lazy_method(refresh_every=4)
-    positions = append_newest(prompt_positions(6, 1, 1), 6)
-    plan, positions = step(method, 1, positions, [W1[None, None]])
+    driver = lazy(refresh_every=4)
+    method = driver.method
+    plan = step(driver, [W1[None, None]])
     torch.testing.assert_close(state_at(method, list(range(7))), torch.tensor(list(M1.values())))
-    assert positions[0].tolist() == [[0, 2, 3, 4, 6]]
+    assert driver.positions[0].tolist() == [[0, 2, 3, 4, 6]]
 
     # Step 2 (skipped): the new entry 7 gets the mean state of the other cached entries.
-    positions = append_newest(positions, 7)
-    plan, positions = step(method, 2, positions, [torch.tensor([[[0.0, 0.0, 1.0, 0.0, 0.0, 0.0]]])])
+    plan = step(driver, [torch.tensor([[[0.0, 0.0, 1.0, 0.0, 0.0, 0.0]]])])
     mean2 = (0.06 + 0.04 + 0.02 + 0.03 + 0.036) / 5  # 0.0372
     assert state_at(method, [7]).item() == pytest.approx(mean2)
-    assert plan is not None and positions[0].tolist() == [[0, 2, 4, 6, 7]]  # 3 (0.02) evicted
+    assert plan is not None and driver.positions[0].tolist() == [[0, 2, 4, 6, 7]]  # 3 (0.02) evicted
     # The attention that favoured position 3 on the skipped step was never seen.
     torch.testing.assert_close(state_at(method, [0, 2, 3, 4, 6]), torch.tensor([0.06, 0.04, 0.02, 0.03, 0.036]))
 
-    positions = append_newest(positions, 8)
-    plan, positions = step(method, 3, positions)
+    plan = step(driver)
     mean3 = (0.06 + 0.04 + 0.03 + 0.036 + mean2) / 5  # 0.04064
     assert state_at(method, [8]).item() == pytest.approx(mean3)
-    assert plan is not None and positions[0].tolist() == [[0, 2, 6, 7, 8]]  # 4 (0.03) evicted
+    assert plan is not None and driver.positions[0].tolist() == [[0, 2, 6, 7, 8]]  # 4 (0.03) evicted
 
-    positions = append_newest(positions, 9)
-    plan, positions = step(method, 4, positions)
+    plan = step(driver)
     mean4 = (0.06 + 0.04 + 0.036 + mean2 + mean3) / 5  # 0.042768
     assert state_at(method, [9]).item() == pytest.approx(mean4)
-    assert plan is not None and positions[0].tolist() == [[0, 2, 7, 8, 9]]  # 6 (0.036) evicted
+    assert plan is not None and driver.positions[0].tolist() == [[0, 2, 7, 8, 9]]  # 6 (0.036) evicted
 
     # Step 5 observes again: EMA on top of the stale state; the new entry 10 starts from m0 = 0.
-    positions = append_newest(positions, 10)
     w5 = torch.tensor([0.05, 0.05, 0.10, 0.30, 0.20, 0.30])  # over positions 0, 2, 7, 8, 9, 10
-    plan, positions = step(method, 5, positions, [w5[None, None]])
+    plan = step(driver, [w5[None, None]])
     old = torch.tensor([0.06, 0.04, mean2, mean3, mean4, 0.0])
     m5 = A * old + (1 - A) * w5  # .058 .042 .04976 .092512 .0742144 .06
     torch.testing.assert_close(state_at(method, [0, 2, 7, 8, 9, 10]), m5)
-    assert plan is not None and positions[0].tolist() == [[0, 7, 8, 9, 10]]  # 2 (0.042) evicted
+    assert plan is not None and driver.positions[0].tolist() == [[0, 7, 8, 9, 10]]  # 2 (0.042) evicted
 
-    positions = append_newest(positions, 11)
-    plan, positions = step(method, 6, positions)
+    plan = step(driver)
     mean6 = (m5[0] + m5[2] + m5[3] + m5[4] + m5[5]).item() / 5  # 0.06689728
     assert state_at(method, [11]).item() == pytest.approx(mean6)
-    assert plan is not None and positions[0].tolist() == [[0, 8, 9, 10, 11]]  # 7 (0.04976) evicted
+    assert plan is not None and driver.positions[0].tolist() == [[0, 8, 9, 10, 11]]  # 7 (0.04976) evicted
 
 
 def test_lazy_mean_init_is_per_row_under_head_granularity() -> None:
     method = ScoredEviction(
         AttentionScorer(), Cumulative(), Selection(budget_tokens=100, granularity="head"), refresh_every=2
     )
-    method.begin(seq(prefill_len=4, layers=2, kv_heads=2, group=1))
-    positions = append_newest(prompt_positions(4, 2, 2), 4)
+    driver = start(method, seq(prefill_len=4, layers=2, kv_heads=2, group=1))
     w0 = torch.tensor([[[0.1, 0.2, 0.3, 0.4, 0.0]], [[0.5, 0.5, 0.0, 0.0, 0.0]]])
     w1 = torch.tensor([[[1.0, 0.0, 0.0, 0.0, 0.0]], [[0.2, 0.2, 0.2, 0.2, 0.2]]])
-    step(method, 1, positions, [w0, w1])
-    positions = append_newest(positions, 5)
+    step(driver, [w0, w1])
     assert not method.observes(2)
-    step(method, 2, positions)
+    step(driver)
     expected = torch.tensor([[0.2, 0.2], [0.2, 0.2]])  # row sums (1.0) over 5 other entries
     torch.testing.assert_close(method.state[:, :, 5], expected)
 
@@ -358,21 +337,22 @@ def test_lazy_mean_init_is_per_row_under_head_granularity() -> None:
 
 
 def test_score_free_observes_only_at_the_first_decode_step() -> None:
-    method = lazy_method(score_once=True)
+    method = lazy(score_once=True).method
     assert [t for t in range(0, 40) if method.observes(t)] == [1]
     assert [t for t in range(0, 40) if method.needs_attention(t)] == [1]
 
 
 @pytest.mark.parametrize("later", ["uniform", "adversarial"])
 def test_score_free_freezes_the_first_step_ranking_and_gives_new_entries_the_mean(later: str) -> None:
-    method = lazy_method(score_once=True)
-    positions = append_newest(prompt_positions(6, 1, 1), 6)
-    _, positions = step(method, 1, positions, [W1[None, None]])
-    assert positions[0].tolist() == [[0, 2, 3, 4, 6]]
+    driver = lazy(score_once=True)
+    method = driver.method
+    step(driver, [W1[None, None]])
+    assert driver.positions[0].tolist() == [[0, 2, 3, 4, 6]]
     trajectory = []
     means = []
     for t in range(2, 7):
-        positions = append_newest(positions, 6 + t - 1)
+        driver.next_step()  # the newest entry, position 6 + t - 1, joins the cache
+        positions = driver.positions
         length = positions[0].shape[1]
         if later == "uniform":
             weights = torch.full((1, 1, length), 1 / length)
@@ -381,10 +361,11 @@ def test_score_free_freezes_the_first_step_ranking_and_gives_new_entries_the_mea
             weights[0, 0, 2] = 1.0
         others = state_at(method, positions[0][0, :-1].tolist())
         means.append(others.mean().item())
-        plan, positions = step(method, t, positions, [weights])
+        observe_layers(driver, [weights])
+        plan = driver.end_step()
         assert plan is not None
         assert state_at(method, [6 + t - 1]).item() == pytest.approx(means[-1])
-        trajectory.append(positions[0][0].tolist())
+        trajectory.append(driver.positions[0][0].tolist())
     assert means[:2] == pytest.approx([0.0372, 0.04064])
     assert trajectory == [
         [0, 2, 4, 6, 7],  # 3 evicted
@@ -398,9 +379,7 @@ def test_score_free_freezes_the_first_step_ranking_and_gives_new_entries_the_mea
 
 
 def test_score_free_first_step_evicts_by_the_step_one_scores() -> None:
-    method = lazy_method(score_once=True)
-    positions = append_newest(prompt_positions(6, 1, 1), 6)
-    plan, positions = step(method, 1, positions, [W1[None, None]])
+    plan = step(lazy(score_once=True), [W1[None, None]])
     assert plan is not None and plan[0].tolist() == [0, 2, 3, 4, 6]
 
 
@@ -409,18 +388,16 @@ def test_score_free_first_step_evicts_by_the_step_one_scores() -> None:
 
 def test_streaming_llm_keeps_four_sinks_and_the_most_recent() -> None:
     method = compose_method("method=streaming_llm", "rho=0.5")
-    method.begin(seq(prefill_len=20, layers=2, kv_heads=2, group=2))
+    driver = Driver(method, seq(prefill_len=20, layers=2, kv_heads=2, group=2))
     assert method.budget() == 10
     assert method.observes(1) and not method.needs_attention(1)
-    positions = prompt_positions(20, 2, 2)
-    assert method.keep(0, positions) is None
+    assert driver.end_prefill() is None
     for t in range(1, 6):
         newest = 20 + t - 1
-        positions = append_newest(positions, newest)
-        plan, positions = step(method, t, positions)  # no attention weights at all
+        plan = step(driver)  # no attention weights at all
         assert plan is not None
         expected = [0, 1, 2, 3, *range(newest - 5, newest + 1)]
-        for layer_positions in positions:
+        for layer_positions in driver.positions:
             assert layer_positions.tolist() == [expected, expected]
 
 
@@ -527,29 +504,29 @@ def test_h2o_counts_the_prompt_queries_and_evicts_after_the_prefill() -> None:
     torch.manual_seed(0)
     method = compose_method("method=h2o", "method.selection.budget_tokens=6")
     info = seq(prefill_len=10, layers=2, kv_heads=2, group=2)
-    method.begin(info)
+    driver = Driver(method, info)
     assert method.wants_prefill_queries == 10
-    positions = prompt_positions(10, 2, 2)
     votes = []
     for layer in range(2):
         keys, queries = torch.randn(2, 10, 4), torch.randn(4, 10, 4)
-        view = LayerView(layer=layer, keys=keys, values=keys, positions=positions[layer], queries=queries, scaling=0.5)
-        method.observe_prefill(view)
+        positions = driver.positions[layer]
+        view = LayerView(layer=layer, keys=keys, values=keys, positions=positions, queries=queries, scaling=0.5)
+        driver.observe_prefill(view)
         votes.append(naive_votes(queries, keys, 0.5))
     torch.testing.assert_close(method.state[:, :, :10], torch.stack(votes))
-    plan = method.keep(0, positions)
+    plan = driver.end_prefill()
     # Half the budget is the recent window (7, 8, 9); the other three are each head's top votes.
     for layer in range(2):
         for head in range(2):
             older = votes[layer][head, :7].topk(3).indices.sort().values.tolist()
             assert plan[layer][head].tolist() == [*older, 7, 8, 9]
     # Decode steps then add the step's attention to the prompt's votes.
-    kept = gather(positions, plan)
-    positions = append_newest(kept, 10)
     weights = [torch.full((2, 2, 7), 1 / 7)] * 2
     before = method.state[:, :, :11].clone()
-    step(method, 1, positions, weights)
-    rows = positions[0]
+    driver.next_step()  # the kept six and the newest entry, position 10
+    rows = driver.positions[0]
+    observe_layers(driver, weights)
+    driver.end_step()
     torch.testing.assert_close(method.state[0].gather(1, rows), before[0].gather(1, rows) + 1 / 7)
 
 
@@ -557,8 +534,8 @@ def test_prefill_attention_needs_the_attention_scorer() -> None:
     with pytest.raises(ValueError, match="prefill_attention.*VNormScorer"):
         ScoredEviction(VNormScorer(), Cumulative(), Selection(rho=0.5), prefill_attention=True)
     without = compose_method("method=inertia")
-    without.begin(seq(prefill_len=10, layers=2, kv_heads=2, group=2))
-    assert without.wants_prefill_queries == 0 and without.keep(0, prompt_positions(10, 2, 2)) is None
+    driver = Driver(without, seq(prefill_len=10, layers=2, kv_heads=2, group=2))
+    assert without.wants_prefill_queries == 0 and driver.end_prefill() is None
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness import plots
-from harness.plots import make_figures
+from harness.analysis import plots
+from harness.analysis.plots import make_figures
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
 

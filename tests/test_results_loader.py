@@ -1,4 +1,4 @@
-"""``harness.results.load_results``: one table from every run folder, refusing ambiguity."""
+"""``harness.analysis.results.load_results``: one table from every run folder, refusing ambiguity."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from harness.analysis.results import BASE_COLUMNS, IDENTITY, load_configs, load_results, parse_run_id
 from harness.records import CorruptRecordsError, DuplicateRecordError
-from harness.results import BASE_COLUMNS, IDENTITY, load_configs, load_results, parse_run_id
 
 FULL = "tiny__full-aaaa1111__ruler-bbbb2222__rho0.9__seed0"
 INERTIA = "tiny__inertia-cccc3333__ruler-bbbb2222__rho0.9__seed0"

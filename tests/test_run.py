@@ -10,9 +10,9 @@ from hydra.errors import MissingConfigException
 from hydra.utils import instantiate
 
 from harness import run as harness_run
+from harness.analysis.report import runs_table
 from harness.config import compose_config
 from harness.errors import UserError
-from harness.report import runs_table
 from harness.run import execute, run_id
 from harness.schema import RECORD_FIELDS, RunId
 from methods.kvpop import CheckpointInfo, build_scorer, save_checkpoint
@@ -75,7 +75,7 @@ def rid(*overrides: str) -> str:
             ("model=tiny_llama", "method=tova", "rho=0.5", "task.lengths=[512]"),
             "tiny_llama__tova-6d526e4e__ruler-ae427061__rho0.5__seed0",
         ),
-        (("task=dialogs", "method=fdkvc"), "world__fdkvc-62a33f77__dialogs-2b85df17__rho0.9__seed0"),
+        (("task=dialogs", "method=h2o"), "world__h2o-f0b28f8f__dialogs-2b85df17__rho0.9__seed0"),
         (("method=h2o", "task=needle"), "smollm2_135m__h2o-f0b28f8f__needle-c380edc6__rho0.9__seed0"),
         (("sampling.temperature=0.7",), "smollm2_135m__inertia-9ff7aff7__ruler-0b788a4e__rho0.9__seed0"),
     ],
@@ -121,7 +121,9 @@ def test_run_id_covers_everything_that_changes_outputs(monkeypatch):
 def tiny_checkpoint(path, seed: int) -> str:
     torch.manual_seed(seed)
     scorer = build_scorer("mlp", 3, 2, 16, gamma_min=0.999, gamma_max=1.0, hidden=8)
-    info = CheckpointInfo("tiny_llama", 3, 2, 16, scorer.hyperparameters(), {"s": 4, "w": 8, "k": 16, "n": 1})
+    info = CheckpointInfo(
+        "tiny_llama", 3, 2, 16, scorer.hyperparameters(), {"sinks": 4, "window": 8, "k": 16, "bucket": 1}
+    )
     return str(save_checkpoint(scorer, path, info))
 
 

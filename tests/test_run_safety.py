@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.analysis.diagnostics import read_diagnostics
+from harness.analysis.papers import write_tables
+from harness.analysis.plots import make_figures
 from harness.config import compose_config
-from harness.diagnostics import read_diagnostics
-from harness.plots import make_figures
 from harness.records import RecordFile, read_records
 from harness.run import execute
-from harness.tables import write_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ("model=tiny_llama", "task.lengths=[512]", "threads=1", "method=inertia", "rho=0.5", "diagnostics=true")

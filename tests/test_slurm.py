@@ -1,6 +1,6 @@
 """Sweeps on a real local Slurm cluster: an array job with a requeued task, a job cancelled mid-run.
 
-The module starts a private single-node cluster (``harness.slurm_local``: munge, MariaDB,
+The module starts a private single-node cluster (``scripts/slurm_local.py``: munge, MariaDB,
 slurmdbd, slurmctld, slurmd) once and tears it down even when a test fails. It needs
 Debian's Slurm packages and root: without them the whole module is skipped with the reason
 (one line in the summary), and fails instead under ``EVICTBENCH_REQUIRE_SLURM=1``, as CI sets it.
@@ -14,9 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from slurm_local import APT_PACKAGES, LocalSlurm, SlurmLocalError, missing_binaries
 from sweeps import SWEEP_TIMEOUT, background_sweep, complete_lines, interrupt_then_resume, records_by_run, wait_for
-
-from harness.slurm_local import APT_PACKAGES, LocalSlurm, SlurmLocalError, missing_binaries
 
 _MISSING = missing_binaries()
 if _MISSING or os.geteuid() != 0:

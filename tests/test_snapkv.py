@@ -12,6 +12,7 @@ from conftest import refused
 from torch import Tensor
 
 from methods.base import LayerView, SequenceInfo
+from methods.driver import Driver
 from methods.selection import Selection
 from methods.snapkv import SnapKV
 
@@ -46,7 +47,7 @@ def targeted_queries(targets: list[list[int]], scale: float = 1.0) -> Tensor:
     return queries
 
 
-def prefill(method: SnapKV, layer: int, queries: Tensor, kv_heads: int, scaling: float = 1.0) -> None:
+def prefill(method: SnapKV | Driver, layer: int, queries: Tensor, kv_heads: int, scaling: float = 1.0) -> None:
     keys = unit_keys(kv_heads)
     view = LayerView(
         layer=layer,
@@ -140,17 +141,16 @@ def test_pooling_spreads_a_peak_to_its_neighbours(pooling: str) -> None:
 
 def test_selection_happens_once_after_prefill_then_the_cache_grows() -> None:
     method = snapkv(budget=8)
-    method.begin(seq(kv_heads=2, group=1))
+    driver = Driver(method, seq(kv_heads=2, group=1))
     assert not any(method.observes(t) for t in range(0, 10))
     assert not any(method.needs_attention(t) for t in range(0, 10))
-    prefill(method, 0, targeted_queries([[1, 3, 5, 7], [0, 2, 8, 10]], scale=10.0), kv_heads=2)
-    plan = method.keep(0, prompt_positions(2, 1))
+    prefill(driver, 0, targeted_queries([[1, 3, 5, 7], [0, 2, 8, 10]], scale=10.0), kv_heads=2)
+    plan = driver.end_prefill()
     assert plan is not None
-    positions = [prompt_positions(2, 1)[0].gather(1, plan[0])]
-    for t in range(1, 6):
-        positions = [torch.cat([positions[0], torch.full((2, 1), L0 + t - 1)], dim=1)]
-        assert method.keep(t, positions) is None
-    assert positions[0].shape == (2, 13)
+    for _ in range(1, 6):
+        driver.next_step()  # nothing to observe: SnapKV observes no decode step
+        assert driver.end_step() is None
+    assert driver.positions[0].shape == (2, 13)
 
 
 def test_no_selection_within_budget_or_without_budget() -> None:

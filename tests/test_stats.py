@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
-from harness.stats import AVERAGE, compare, paired_bootstrap, paired_ttest
+from harness.analysis.stats import AVERAGE, compare, paired_bootstrap, paired_ttest
 
 A = [0.61, 0.72, 0.55, 0.90, 0.48, 0.66, 0.71, 0.83, 0.59, 0.62]
 B = [0.64, 0.70, 0.61, 0.93, 0.55, 0.65, 0.78, 0.85, 0.60, 0.70]

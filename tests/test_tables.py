@@ -10,21 +10,15 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 from scipy import stats as scipy_stats
 
+from harness.analysis.papers import paper_tables, write_tables
+from harness.analysis.render import latex_escape, to_latex, to_markdown
+from harness.analysis.results import load_configs, load_results
+from harness.analysis.spec import NOT_RUN, grid
+from harness.analysis.variants import annotate, variant
 from harness.config import CONF_DIR
-from harness.results import load_configs, load_results
-from harness.tables import (
-    NOT_RUN,
-    annotate,
-    grid,
-    latex_escape,
-    paper_tables,
-    to_latex,
-    to_markdown,
-    variant,
-    write_tables,
-)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
 
@@ -99,7 +93,7 @@ def test_diagnostics_table(frame) -> None:
 
 
 def load_diagnostics_frame():
-    from harness.diagnostics import load_diagnostics
+    from harness.analysis.diagnostics import load_diagnostics
 
     return annotate(load_diagnostics(FIXTURE), load_configs(FIXTURE))
 
@@ -129,7 +123,7 @@ def test_write_tables_on_fixture_and_on_no_results(tmp_path: Path) -> None:
     names = {p.name for p in written}
     assert {"inertia_table1.md", "inertia_table1.tex", "fdkvc_table6.tex", "kvpop_table2.md", "index.md"} <= names
     assert all(p.stat().st_size > 0 for p in written)
-    assert "inertia_table12_cpu" in (tmp_path / "tables" / "index.md").read_text()
+    assert "+experiment=inertia_table12 scale=cpu" in (tmp_path / "tables" / "index.md").read_text()
     empty = write_tables(tmp_path / "nothing", tmp_path / "empty")
     text = (tmp_path / "empty" / "inertia_table1.md").read_text()
     assert NOT_RUN in text and "75.0" not in text
@@ -137,7 +131,7 @@ def test_write_tables_on_fixture_and_on_no_results(tmp_path: Path) -> None:
 
 
 def test_make_tables_cli_writes_tables_and_figures(tmp_path: Path) -> None:
-    from harness.tables import main
+    from harness.analysis.__main__ import main
 
     root = tmp_path / "results"
     shutil.copytree(FIXTURE, root)
@@ -147,8 +141,8 @@ def test_make_tables_cli_writes_tables_and_figures(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- presets
-def _sweep_jobs(preset: str) -> list[list[str]]:
-    cfg = compose("config", overrides=[f"+experiment={preset}"], return_hydra_config=True)
+def _sweep_jobs(preset: str, scale: str) -> list[list[str]]:
+    cfg = compose("config", overrides=[f"+experiment={preset}", f"scale={scale}"], return_hydra_config=True)
     params = cfg.hydra.sweeper.params or {}
     overrides = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
     return BasicSweeper.split_arguments(overrides, None)[0]
@@ -166,23 +160,23 @@ def _pending(job: list[str]) -> bool:
 PRESETS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 
 
-def test_every_table_has_both_preset_forms() -> None:
+def test_every_table_has_a_preset() -> None:
     for spec in paper_tables():
-        for preset in spec.presets:
-            assert preset in PRESETS, f"{spec.key}: no conf/experiment/{preset}.yaml"
-    clusters = [p for p in PRESETS if not p.endswith("_cpu")]
-    assert all(f"{p}_cpu" in PRESETS for p in clusters)
+        assert spec.preset in PRESETS, f"{spec.key}: no conf/experiment/{spec.preset}.yaml"
 
 
+@pytest.mark.parametrize("scale", ["cluster", "cpu"])
 @pytest.mark.parametrize("preset", PRESETS)
-def test_preset_composes_every_sweep_job(preset: str) -> None:
+def test_preset_composes_every_sweep_job_at_both_scales(preset: str, scale: str) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        jobs = _sweep_jobs(preset)
+        jobs = _sweep_jobs(preset, scale)
         assert jobs, f"{preset} sweeps nothing"
         ready = [job for job in jobs if not _pending(job)]
         assert ready
         for job in ready:
-            cfg = compose("config", overrides=[f"+experiment={preset}", *job])
-            assert cfg.model.name == ("smollm2_135m" if preset.endswith("_cpu") else cfg.model.name)
-            if preset.endswith("_cpu") and cfg.task.get("n") is not None:
-                assert cfg.task.n <= 4
+            cfg = compose("config", overrides=[f"+experiment={preset}", f"scale={scale}", *job])
+            OmegaConf.resolve(cfg)
+            if scale == "cpu":
+                assert cfg.model.name == "smollm2_135m" or cfg.task.name == "dialogs"
+                if cfg.task.get("n") is not None:
+                    assert cfg.task.n <= 10

@@ -55,7 +55,9 @@ def files(folder: Path) -> dict[str, Path]:
     save_file({"w": torch.zeros(2)}, str(plain))
     out["plain_ckpt"] = plain
     scorer = build_scorer("mlp", 30, 3, 64, gamma_min=0.999, gamma_max=1.0, hidden=8)
-    info = CheckpointInfo("smollm2_135m", 30, 3, 64, scorer.hyperparameters(), {"s": 4, "w": 8, "k": 16, "n": 1})
+    info = CheckpointInfo(
+        "smollm2_135m", 30, 3, 64, scorer.hyperparameters(), {"sinks": 4, "window": 8, "k": 16, "bucket": 1}
+    )
     out["foreign_ckpt"] = save_checkpoint(scorer, folder / "foreign.safetensors", info)
     corrupt = folder / "corrupt" / "tiny_llama__tova-6d526e4e__ruler-ae427061__rho0.5__seed0"
     corrupt.mkdir(parents=True)
@@ -102,7 +104,7 @@ def cases(f: dict[str, Path]) -> dict[str, Case]:
         ),
         "missing checkpoint": Case(
             ("method=kvpop", f"method.checkpoint={f['file'].parent}/nope.safetensors"),
-            r"nope\.safetensors.* does not exist — train one with .*harness\.train_kvpop",
+            r"nope\.safetensors.* does not exist — train one with .*harness\.training\.kvpop",
         ),
         "foreign checkpoint": Case(
             ("method=kvpop_mlp", f"method.checkpoint={f['foreign_ckpt']}"),
@@ -134,18 +136,18 @@ def cases(f: dict[str, Path]) -> dict[str, Case]:
         "report: corrupt line": Case(
             (str(f["file"].parent / "corrupt"),),
             r"records\.jsonl:2: corrupt record .* — repair or delete line 2",
-            module="harness.report",
+            module="harness.analysis.report",
         ),
         "report: duplicate line": Case(
             (str(f["file"].parent / "duplicate"),),
             r"lines 1 and 2 both record example_id='a' — ",
-            module="harness.report",
+            module="harness.analysis.report",
         ),
         "report: no such folder": Case(
-            ("does/not/exist",), r"does/not/exist is not a folder — ", module="harness.report"
+            ("does/not/exist",), r"does/not/exist is not a folder — ", module="harness.analysis.report"
         ),
         "tables: no such folder": Case(
-            ("does/not/exist",), r"does/not/exist is not a folder — ", module="harness.tables"
+            ("does/not/exist",), r"does/not/exist is not a folder — ", module="harness.analysis"
         ),
     }
 
@@ -217,7 +219,11 @@ def test_report_reads_records_not_a_truncated_summary(tmp_path):
     (folder / "records.jsonl").write_text(json.dumps(record) + "\n")
     (folder / "summary.json").write_text('{"n": 1, "run_id": "tiny_ll')
     result = subprocess.run(
-        [sys.executable, "-m", "harness.report", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "harness.analysis.report", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert "tiny_llama" in result.stdout and "50.0" in result.stdout

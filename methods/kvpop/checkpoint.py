@@ -2,13 +2,14 @@
 
 The metadata (``kvpop`` key, JSON) is the single source of truth for what the scorer serves:
 the model name and attention geometry it was trained on, the scorer's hyper-parameters and
-the policy it was trained for (sinks ``s``, window ``w``, ``k``, bucket ``n``). A JSON copy is
+the policy it was trained for (``sinks``, ``window``, ``k``, ``bucket``). A JSON copy is
 written next to the weights for people.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,8 @@ from safetensors.torch import load_file, save_file
 from methods.kvpop.scorers import KVpopScorer, build_scorer
 
 METADATA_KEY = "kvpop"
-TRAIN = "train one with python -m harness.train_kvpop model=<model> and pass method.checkpoint=<path>.safetensors"
-WRITTEN_BY = "pass a checkpoint written by python -m harness.train_kvpop"
+TRAIN = "train one with python -m harness.training.kvpop model=<model> and pass method.checkpoint=<path>.safetensors"
+WRITTEN_BY = "pass a checkpoint written by python -m harness.training.kvpop"
 
 
 @dataclass
@@ -31,7 +32,7 @@ class CheckpointInfo:
         model: model name (``conf/model`` name, e.g. ``smollm2_135m``).
         layers, kv_heads, head_dim: its attention geometry.
         scorer: scorer hyper-parameters (``kind`` plus the constructor arguments).
-        policy: ``s``, ``w``, ``k``, ``n`` the scorer was trained for.
+        policy: ``sinks``, ``window``, ``k``, ``bucket`` the scorer was trained for.
         train: the training config, for provenance.
     """
 
@@ -51,7 +52,7 @@ class CheckpointInfo:
         if model != self.model:
             raise ValueError(
                 f"KVpop checkpoint {checkpoint!r} was trained for {self.describe()} but is used with "
-                f"model={model!r} — train one for {model} with python -m harness.train_kvpop model={model} "
+                f"model={model!r} — train one for {model} with python -m harness.training.kvpop model={model} "
                 "and pass method.checkpoint=<path>.safetensors"
             )
 
@@ -71,7 +72,10 @@ def save_checkpoint(scorer: KVpopScorer, path: str | Path, info: CheckpointInfo)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = json.dumps(info.__dict__, sort_keys=True, default=str)
     tensors = {name: value.detach().contiguous().cpu() for name, value in scorer.state_dict().items()}
-    save_file(tensors, str(path), metadata={METADATA_KEY: meta})
+    # Written beside and renamed into place: a run hashing or loading the path never sees half a file.
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    save_file(tensors, str(partial), metadata={METADATA_KEY: meta})
+    os.replace(partial, path)
     path.with_suffix(".json").write_text(json.dumps(info.__dict__, indent=2, sort_keys=True, default=str) + "\n")
     return path
 

@@ -54,19 +54,19 @@ class KVpop(EvictionMethod):
     ``[k; v]``; the stateful mLSTM scorer reads a token out when it leaves the recent window.
 
     Parameters:
-        checkpoint: path to a scorer trained by ``harness.train_kvpop`` (safetensors).
+        checkpoint: path to a scorer trained by ``harness.training.kvpop`` (safetensors).
         model: name of the evaluated model; must match the checkpoint's (None: geometry check only).
-        scorer: expected scorer kind (``mlstm``/``mlp``), None to accept either.
+        scorer_kind: the scorer kind the checkpoint must hold (``mlstm``/``mlp``), None to accept either.
         rho: compression ratio; with ``k`` None the budget is ``B = floor((1 - rho) L0)`` and
             ``k = B - s - w`` (standard rho sweeps). ``rho = 0`` and no ``k``: no eviction.
         k: fixed number of older tokens kept (overrides ``rho``).
-        sinks, window, bucket: ``s``, ``w``, ``n``; None takes the checkpoint's training values.
+        sinks, window, bucket: ``s``, ``w``, ``n``; None takes the values the checkpoint was trained for.
         name: label for records and tables.
     """
 
     checkpoint: str | None = None
     model: str | None = None
-    scorer: str | None = None
+    scorer_kind: str | None = None
     rho: float = 0.0
     k: int | None = None
     sinks: int | None = None
@@ -77,9 +77,10 @@ class KVpop(EvictionMethod):
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint, str):
             raise ValueError(f"method.checkpoint={self.checkpoint!r} is not a checkpoint path — {TRAIN}")
-        if self.scorer is not None and self.scorer not in SCORERS:
+        if self.scorer_kind is not None and self.scorer_kind not in SCORERS:
             raise ValueError(
-                f"method.scorer={self.scorer!r} is not a KVpop scorer — use one of {', '.join(sorted(SCORERS))}, "
+                f"method.scorer_kind={self.scorer_kind!r} is not a KVpop scorer — use one of "
+                f"{', '.join(sorted(SCORERS))}, "
                 "or null to accept either"
             )
         check_rho(self.rho)
@@ -95,33 +96,33 @@ class KVpop(EvictionMethod):
             if getattr(self, option) is not None:
                 require_int(f"method.{option}", getattr(self, option), minimum, example)
         self.net, self.trained = load_checkpoint(self.checkpoint)
-        if self.scorer is not None and self.net.kind != self.scorer:
+        if self.scorer_kind is not None and self.net.kind != self.scorer_kind:
             raise ValueError(
-                f"method.scorer={self.scorer!r} but method.checkpoint={self.checkpoint!r} holds a {self.net.kind} "
-                f"scorer — pass a {self.scorer} checkpoint (python -m harness.train_kvpop kvpop.scorer={self.scorer}), "
-                f"or use method.scorer={self.net.kind}"
+                f"method.scorer_kind={self.scorer_kind!r} but method.checkpoint={self.checkpoint!r} holds a "
+                f"{self.net.kind} scorer — pass a {self.scorer_kind} checkpoint (python -m harness.training.kvpop "
+                f"kvpop.scorer={self.scorer_kind}), or use method.scorer_kind={self.net.kind}"
             )
         if self.model is not None:
             self.trained.check_model(self.model, self.checkpoint)
-        policy = self.trained.policy
-        self.s = policy["s"] if self.sinks is None else self.sinks
-        self.w = policy["w"] if self.window is None else self.window
-        self.n = policy["n"] if self.bucket is None else self.bucket
-        self.selection = Selection(sinks=self.s, window=self.w, granularity="head")
+        # Options left at None take the values the scorer was trained for.
+        for option in ("sinks", "window", "bucket"):
+            if getattr(self, option) is None:
+                setattr(self, option, self.trained.policy[option])
+        self.selection = Selection(sinks=self.sinks, window=self.window, granularity="head")
 
     def budget_for(self, prefill_len: int) -> int | None:
         """``B = s + w + k`` with a fixed ``k``, else ``floor((1 - rho) L0)``; None when nothing is evicted."""
         if self.k is not None:
-            return self.s + self.w + self.k
+            return self.sinks + self.window + self.k
         if self.rho == 0.0:
             return None
         budget = exact_floor((1.0 - self.rho) * prefill_len)
-        protected = self.s + self.w
+        protected = self.sinks + self.window
         if budget < max(protected, 1):
             raise ValueError(
                 f"KVpop budget B={budget} (rho={self.rho} of L0={prefill_len} prompt tokens) is smaller than "
-                f"sinks+window={self.s}+{self.w}={protected} — lower rho or use longer prompts, or fix the budget "
-                "with method.k"
+                f"sinks+window={self.sinks}+{self.window}={protected} — lower rho or use longer prompts, or fix the "
+                "budget with method.k"
             )
         return budget
 
@@ -165,7 +166,7 @@ class KVpop(EvictionMethod):
             valid = positions >= 0
             positions, scores = positions[valid], scores[:, valid]
             self.base[layer, :, positions] = static_base(
-                scores.float(), positions, self._log_gamma[layer, :, None], self.n
+                scores.float(), positions, self._log_gamma[layer, :, None], self.bucket
             )
         self._scored[layer] = seen
 
@@ -176,7 +177,7 @@ class KVpop(EvictionMethod):
         plan = []
         for layer, cached in enumerate(positions):
             priority = static_priority(
-                self.base[layer].gather(1, cached), cached, query, self._log_gamma[layer, :, None], self.n
+                self.base[layer].gather(1, cached), cached, query, self._log_gamma[layer, :, None], self.bucket
             )
             plan.append(self.selection.select(priority, cached, query + 1, self._budget))
         return plan

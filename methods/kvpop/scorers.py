@@ -219,7 +219,7 @@ class MLSTMScorer(KVpopScorer):
         super().__init__(layers, kv_heads, head_dim, gamma_min, gamma_max)
         if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
             raise ValueError(
-                f"kvpop.w={delay!r}, the mLSTM readout delay, must be an integer >= 0 — use e.g. kvpop.w=32, "
+                f"kvpop.window={delay!r}, the mLSTM readout delay, must be an integer >= 0 — use e.g. kvpop.window=32, "
                 "or kvpop.delayed=false"
             )
         require_int("kvpop.cell_dim", cell_dim, minimum=1, example=16)

@@ -1,16 +1,12 @@
-"""Drive an eviction method through a batch of dialogs, the way ``harness.engine`` drives a model.
+"""Run a cache policy (an eviction method, as the harness adapts it) through a batch of dialogs.
 
-The world is one layer with one attention head. The first turn is the prompt (prefill,
-``keep(0)``); every later token is one decode step: its position is appended to the cache,
-the method's ``logit_bias`` enters the head's logits, the method observes the step (the
-softmax weights of the token's own query, and the query itself in ``LayerView.queries``),
-then ``keep(step)`` and a physical gather, exactly the engine's call order.
+The world is one layer with one attention head. The first turn is the prompt; every later
+token is one decode step: it joins the cache, the policy's logit bias enters the head's
+logits, the policy sees the step (the softmax weights of the token's own query, and the query
+itself) and keeps what it keeps (``tasks.dialogs.policy``).
 
-Batching: ``n`` dialogs run side by side as ``n`` KV heads of one layer (group 1). This is
-the one-head world only for methods whose state and keep set are per KV head, so the task
-sets ``granularity="head"`` on methods that have a ``Selection`` (in a one-layer one-head
-world token, layer and head granularity coincide); ``tests/test_dialogs.py`` checks that a
-batch reproduces the per-dialog one-head runs.
+Batching: ``n`` dialogs run side by side as ``n`` rows of one layer (group 1);
+``tests/test_dialogs.py`` checks that a batch reproduces the per-dialog one-head runs.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from methods.base import EvictionMethod, LayerView, SequenceInfo
+from tasks.dialogs.policy import CachePolicy
 from tasks.dialogs.world import Dialogs, Projections
 
 
@@ -49,23 +45,15 @@ class Trace:
     total_s: float
 
 
-def _gather(tensor: Tensor, index: Tensor) -> Tensor:
-    """Rows of a ``(n, T, ...)`` tensor, index ``(T',)`` shared or ``(n, T')`` per dialog."""
-    if index.dim() == 1:
-        return tensor[:, index]
-    if tensor.dim() == 2:
-        return tensor.gather(1, index)
-    return tensor.gather(1, index[..., None].expand(-1, -1, tensor.shape[-1]))
-
-
 def simulate(
-    method: EvictionMethod,
+    policy: CachePolicy,
     dialogs: Dialogs,
     heads: Projections,
+    budget: int,
     retention_threshold: float = 0.3,
     seed: int = 0,
 ) -> Trace:
-    """Run ``method`` over ``dialogs`` (as KV heads of one layer) and measure every turn."""
+    """Run ``policy`` over ``dialogs`` (as rows of one layer) with ``budget`` entries and measure every turn."""
     start_all = time.perf_counter()
     n, length, _ = dialogs.x.shape
     per_turn = length // dialogs.scenario.n_turns
@@ -80,16 +68,6 @@ def simulate(
     retention = torch.zeros(n, n_turns)
     diversity = torch.zeros(n, n_turns)
     cache_len = torch.zeros(n_turns, dtype=torch.long)
-
-    info = SequenceInfo(
-        prefill_len=per_turn,
-        num_layers=1,
-        num_kv_heads=n,
-        num_query_heads=n,
-        max_new_tokens=length - per_turn,
-        seed=seed,
-    )
-    positions = torch.arange(per_turn).expand(n, -1)
     # Keys and values are read from the dialog's token table at the cached positions: one
     # indexing per step stands for the engine's append and physical gather.
     head_dim = keys_all.shape[-1]
@@ -97,29 +75,12 @@ def simulate(
     base = (torch.arange(n) * length)[:, None]
 
     def cached() -> tuple[Tensor, Tensor]:
-        rows = table.index_select(0, (positions + base).reshape(-1)).view(n, -1, 2 * head_dim)
+        rows = table.index_select(0, (policy.positions + base).reshape(-1)).view(n, -1, 2 * head_dim)
         return rows[..., :head_dim], rows[..., head_dim:]
-
-    keys, values = cached()
-    clock = time.perf_counter()
-    method.begin(info)
-    wanted = method.wants_prefill_queries
-    if wanted:
-        first = max(per_turn - wanted, 0)
-        method.observe_prefill(
-            LayerView(0, keys, values, positions, queries=queries[:, first:per_turn, :], scaling=scaling)
-        )
-    plan = method.keep(0, [positions])
-    method_s = time.perf_counter() - clock
-
-    def apply(plan: list[Tensor] | None) -> None:
-        nonlocal positions
-        if plan is not None:
-            positions = _gather(positions, plan[0])
 
     def measure(turn: int) -> None:
         keys, values = cached()
-        flat = (positions + base).reshape(-1)
+        flat = (policy.positions + base).reshape(-1)
         cached_x = x.reshape(n * length, -1).index_select(0, flat).view(n, -1, x.shape[-1])
         direction = directions[:, turn]
         cosine = torch.nn.functional.cosine_similarity(cached_x, direction[:, None, :], dim=-1)
@@ -129,46 +90,31 @@ def simulate(
         diversity[:, turn] = present.mean(dim=1)
         probe = queries[:, turn * per_turn : (turn + 1) * per_turn].mean(dim=1)
         logits = torch.einsum("nd,ntd->nt", probe, keys) * scaling
-        bias = method.logit_bias(0, positions)
+        bias = policy.bias()
         if bias is not None:
             logits = logits + bias
         output = torch.einsum("nt,ntd->nd", torch.softmax(logits, dim=-1), values)
         alignment[:, turn] = torch.nn.functional.cosine_similarity(output, targets[:, turn], dim=-1)
-        cache_len[turn] = positions.shape[1]
+        cache_len[turn] = policy.positions.shape[1]
 
-    apply(plan)
+    policy.start(n, per_turn, length - per_turn, budget, seed)
+    keys, values = cached()
+    policy.prefill(keys, values, queries[:, :per_turn], scaling)
     measure(0)
     max_step = 0
     for step in range(1, length - per_turn + 1):
         position = per_turn + step - 1
-        positions = torch.cat([positions, torch.full((n, 1), position)], dim=1)
+        policy.next_step()
         keys, values = cached()
-        clock = time.perf_counter()
-        observe, wants = method.observes(step), method.needs_attention(step)
-        bias = method.logit_bias(0, positions)
         weights = None
-        if wants or bias is not None:
-            query = queries[:, position]
-            logits = torch.einsum("nd,ntd->nt", query, keys) * scaling
+        if policy.wants_weights():
+            logits = torch.einsum("nd,ntd->nt", queries[:, position], keys) * scaling
+            bias = policy.bias()
             if bias is not None:
                 logits = logits + bias
             weights = torch.softmax(logits, dim=-1)[:, None, :]
-        if observe:
-            method.observe(
-                LayerView(
-                    0,
-                    keys,
-                    values,
-                    positions,
-                    weights=weights if wants else None,
-                    queries=queries[:, position : position + 1, :],
-                    scaling=scaling,
-                )
-            )
-        plan = method.keep(step, [positions])
-        method_s += time.perf_counter() - clock
-        apply(plan)
-        max_step = max(max_step, positions.shape[1])
+        policy.step(keys, values, weights, queries[:, position : position + 1, :], scaling)
+        max_step = max(max_step, policy.positions.shape[1])
         if (position + 1) % per_turn == 0:
             measure((position + 1) // per_turn - 1)
     return Trace(
@@ -177,7 +123,7 @@ def simulate(
         diversity=diversity,
         cache_len=cache_len,
         max_step_cache_len=max_step,
-        method_s=method_s,
+        method_s=policy.method_s,
         total_s=time.perf_counter() - start_all,
     )
 

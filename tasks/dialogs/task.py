@@ -1,7 +1,8 @@
 """``task=dialogs``: the FD-KVC paper's synthetic dialog world as a task (no model loaded).
 
-Each example is one dialog (``topic_shift/0007``); ``run_example`` drives an eviction method
-through it with the engine's call order (``tasks.dialogs.simulate``) and returns its metrics.
+Each example is one dialog (``topic_shift/0007``); ``run_example`` runs a cache policy (an
+eviction method as the harness adapts it, ``tasks.dialogs.policy``) through it and returns its
+metrics.
 ``evaluate`` runs whole scenarios batched (all dialogs of a scenario side by side) for scripts.
 """
 
@@ -14,27 +15,10 @@ from typing import Any, ClassVar
 import pandas as pd
 import torch
 
-from methods.base import EvictionMethod
-from tasks.base import Example, Task, as_list, require_int, require_number
+from tasks.base import Example, Task, TaskProtocol, as_list, require_int, require_number
+from tasks.dialogs.policy import CachePolicy
 from tasks.dialogs.simulate import Trace, adaptation, simulate
 from tasks.dialogs.world import SCENARIOS, Dialogs, WorldConfig, make_dialogs, projections
-
-
-def for_world(method: EvictionMethod, budget: int, per_head: bool = False) -> EvictionMethod:
-    """The same method object kind with the world's fixed budget.
-
-    Methods with a ``selection`` (scored methods, FD-KVC) get ``budget_tokens=budget`` (their
-    configs carry ``rho`` of a prompt, meaningless here). ``per_head`` also sets
-    ``granularity="head"``, needed to batch dialogs as KV heads and equal to any granularity
-    in a one-layer one-head world. Other methods are returned unchanged.
-    """
-    selection = getattr(method, "selection", None)
-    if selection is None or not dataclasses.is_dataclass(method):
-        return method
-    changes: dict[str, Any] = {"budget_tokens": budget, "rho": 0.0}
-    if per_head:
-        changes["granularity"] = "head"
-    return dataclasses.replace(method, selection=dataclasses.replace(selection, **changes))
 
 
 @dataclass
@@ -59,7 +43,6 @@ class DialogTask(Task):
     """
 
     name: ClassVar[str] = "dialogs"
-    needs_model: ClassVar[bool] = False
 
     scenarios: list[str] = field(default_factory=lambda: list(SCENARIOS))
     n_dialogs: int = 600
@@ -102,9 +85,12 @@ class DialogTask(Task):
             seed=self.seed,
         )
         self.heads = projections(self.world)
-        self._adapted: dict[int, tuple[EvictionMethod, EvictionMethod]] = {}
         # The last batch drawn: scripts evaluate every method on one scenario in a row.
         self._last_dialogs: tuple[tuple[str, tuple[int, ...]], Dialogs] | None = None
+
+    @property
+    def protocol(self) -> TaskProtocol:
+        return TaskProtocol.WORLD
 
     def identity(self) -> dict[str, Any]:
         fields = dataclasses.asdict(self)
@@ -130,7 +116,7 @@ class DialogTask(Task):
         return out
 
     def score(self, prediction: str, example: Example) -> dict[str, float]:
-        raise NotImplementedError("the dialog world has no text to score: use run_example(method, example)")
+        raise NotImplementedError("the dialog world has no text to score: use run_example(policy, example)")
 
     # ------------------------------------------------------------------ running
     def dialogs(self, scenario: str, indices: list[int]) -> Dialogs:
@@ -139,12 +125,6 @@ class DialogTask(Task):
         if self._last_dialogs is None or self._last_dialogs[0] != key:
             self._last_dialogs = (key, make_dialogs(self.world, SCENARIOS[scenario], indices))
         return self._last_dialogs[1]
-
-    def _method(self, method: EvictionMethod, per_head: bool) -> EvictionMethod:
-        key = id(method)
-        if key not in self._adapted or self._adapted[key][0] is not method:
-            self._adapted[key] = (method, for_world(method, self.budget, per_head))
-        return self._adapted[key][1]
 
     def _metrics(self, dialogs: Dialogs, trace: Trace) -> dict[str, torch.Tensor]:
         late = slice(-self.late_turns, None)
@@ -160,11 +140,11 @@ class DialogTask(Task):
             "latency_ms_per_turn": torch.full((len(dialogs),), 1e3 * per_turn_s),
         }
 
-    def run_example(self, method: EvictionMethod, example: Example) -> dict[str, Any]:
-        """One dialog, one head, the method's own granularity: the harness's per-example record."""
+    def run_example(self, policy: CachePolicy, example: Example) -> dict[str, Any]:
+        """One dialog, one head: the harness's per-example record."""
         scenario = SCENARIOS[example.subtask]
         dialogs = make_dialogs(self.world, scenario, [example.meta["index"]])
-        trace = simulate(self._method(method, per_head=False), dialogs, self.heads, self.retention_threshold, self.seed)
+        trace = simulate(policy, dialogs, self.heads, self.budget, self.retention_threshold, self.seed)
         metrics = {name: float(value[0]) for name, value in self._metrics(dialogs, trace).items()}
         # One entry holds a key and a value of head_dim float32 numbers.
         entry_bytes = 2 * self.head_dim * 4
@@ -191,18 +171,17 @@ class DialogTask(Task):
 
     def evaluate(
         self,
-        method: EvictionMethod,
+        policy: CachePolicy,
         scenarios: list[str] | None = None,
         n: int | None = None,
         batch_size: int | None = None,
     ) -> pd.DataFrame:
-        """Per-dialog metrics of ``method`` over ``scenarios`` (``n`` dialogs each), batched.
+        """Per-dialog metrics of ``policy`` over ``scenarios`` (``n`` dialogs each), batched.
 
         Dialogs run ``batch_size`` at a time (all at once by default) as KV heads of one layer.
         ``frame.attrs`` holds ``method_s`` and ``total_s`` per scenario and the largest
         per-step cache length seen (``max_step_cache_len``).
         """
-        adapted = self._method(method, per_head=True)
         n = self.n_dialogs if n is None else n
         rows: list[pd.DataFrame] = []
         attrs: dict[str, Any] = {"method_s": {}, "total_s": {}, "max_step_cache_len": 0}
@@ -211,7 +190,7 @@ class DialogTask(Task):
             for start in range(0, n, size):
                 indices = list(range(start, min(start + size, n)))
                 dialogs = self.dialogs(scenario, indices)
-                trace = simulate(adapted, dialogs, self.heads, self.retention_threshold, self.seed)
+                trace = simulate(policy, dialogs, self.heads, self.budget, self.retention_threshold, self.seed)
                 metrics = {k: v.numpy() for k, v in self._metrics(dialogs, trace).items()}
                 frame = pd.DataFrame({"scenario": scenario, "index": indices, **metrics})
                 rows.append(frame)

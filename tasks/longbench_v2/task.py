@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tasks.base import Example, Task, require_int, require_str
+from tasks.base import Example, Task, TaskProtocol, require_int, require_str
 from tasks.hub import load_rows
 from tasks.longbench.prompting import encode, truncate_middle
 from tasks.longbench_v2.protocol import (
@@ -92,6 +92,10 @@ class LongBenchV2Task(Task):
         for option in ("hub_id", "revision", "data_dir"):
             require_str(option, getattr(self, option), optional=option != "hub_id")
 
+    @property
+    def protocol(self) -> TaskProtocol:
+        return TaskProtocol.GENERATE_THEN_ANSWER if self.cot else TaskProtocol.GENERATE
+
     def identity(self) -> dict[str, Any]:
         return {
             "cot": self.cot,
@@ -153,9 +157,9 @@ class LongBenchV2Task(Task):
         )
 
     def follow_up(self, tokenizer: Any, example: Example, prediction: str) -> Example | None:
-        """The CoT answer pass over the stripped reasoning; none for 0-shot or an empty reasoning."""
+        """The CoT answer pass over the stripped reasoning; none for an empty reasoning (it scores 0)."""
         reasoning = prediction.strip()
-        if not self.cot or not reasoning:
+        if not reasoning:
             return None
         ids, _ = self._encode(tokenizer, self._answer_templates[example.example_id].replace("$COT$", reasoning))
         return Example(

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tasks.base import Example, Task, require_int
+from tasks.base import Example, Task, TaskProtocol, require_int
 from tasks.corpora import BUNDLED_NAME, checked_hub, source_text
 
 
@@ -51,6 +51,10 @@ class PerplexityTask(Task):
         for option, example in (("prefill", 1024), ("eval_tokens", 256), ("n", 4)):
             require_int(option, getattr(self, option), example=example)
         self.hub = checked_hub(self.text_file, self.hub, "task.text_file", "task.hub")
+
+    @property
+    def protocol(self) -> TaskProtocol:
+        return TaskProtocol.TEACHER_FORCED
 
     def identity(self) -> dict[str, Any]:
         source: Any = self.hub or self.text_file or BUNDLED_NAME

@@ -239,7 +239,7 @@ def compare(
 ) -> pd.DataFrame:
     """Paired comparison of two configurations per group of ``by``, plus an average row.
 
-    ``baseline`` and ``candidate`` select rows of a ``harness.results.load_results`` table
+    ``baseline`` and ``candidate`` select rows of a ``harness.analysis.results.load_results`` table
     (see ``select``), e.g. ``{"method": "full"}`` and ``{"method": "inertia", "rho": 0.9}``;
     each must match at most one record per example. Records pair on ``PAIR_KEY`` (model,
     task, subtask, seed, example id): only examples both configurations recorded, with a

@@ -1,35 +1,33 @@
-"""``python -m harness.train_kvpop model=<model> kvpop.s=4 kvpop.w=32 kvpop.k=96``: train a KVpop scorer.
+"""Training a KVpop scorer (``python -m harness.training.kvpop``).
 
 KVpop (openreview R54wzDIb0L): the frozen model runs over training windows once; every layer's
 post-RoPE q/k/v are captured and turned into the future-attention target per KV head
-(``harness.kvpop.target``). The scorer then trains on the detached ``[k; v]`` with the pairwise
-boundary loss at query positions sampled after saturation (``harness.kvpop.loss``), AdamW with
+(``harness.training.kvpop.target``). The scorer then trains on the detached ``[k; v]`` with the pairwise
+boundary loss at query positions sampled after saturation (``harness.training.kvpop.loss``), AdamW with
 a warmup + cosine schedule, and is saved as safetensors with its config
 (``methods.kvpop.checkpoint``), ready for ``method=kvpop method.checkpoint=<path>``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from harness.errors import cli, user_errors
-from harness.kvpop.capture import capture
-from harness.kvpop.data import documents, token_windows
-from harness.kvpop.loss import boundary_loss, candidates, decayed, retention_recall, sample_queries
-from harness.kvpop.sparse import distillation_loss, kvpop_mask, streaming_mask
-from harness.kvpop.target import future_attention_target
+from harness.errors import user_errors
 from harness.models import ModelSpec, load_model, load_tokenizer
+from harness.training.kvpop.capture import capture
+from harness.training.kvpop.data import documents, token_windows
+from harness.training.kvpop.loss import boundary_loss, candidates, decayed, retention_recall, sample_queries
+from harness.training.kvpop.sparse import distillation_loss, kvpop_mask, streaming_mask
+from harness.training.kvpop.target import future_attention_target
 from methods.kvpop.checkpoint import CheckpointInfo, save_checkpoint
 from methods.kvpop.policy import static_base
 from methods.kvpop.scorers import KVpopScorer, build_scorer
@@ -73,7 +71,7 @@ def make_scorer(cfg: DictConfig, layers: int, kv_heads: int, head_dim: int) -> K
     if cfg.scorer == "mlp":
         hyper["hidden"] = cfg.hidden
     else:
-        hyper.update(cell_dim=cfg.cell_dim, delay=cfg.w if cfg.delayed else 0, chunk=cfg.chunk)
+        hyper.update(cell_dim=cfg.cell_dim, delay=cfg.window if cfg.delayed else 0, chunk=cfg.chunk)
     return build_scorer(cfg.scorer, layers, kv_heads, head_dim, **hyper)
 
 
@@ -92,9 +90,9 @@ def objective(
     scores = scorer(batch.keys, batch.values)
     log_gamma = scorer.log_gamma()
     # The teacher ranks with the same decay, but the decay learns only through the student.
-    teacher = decayed(batch.target, queries, log_gamma.detach(), kvpop.n)
-    student = decayed(scores, queries, log_gamma, kvpop.n)
-    mask = candidates(queries, scores.shape[-1], kvpop.s, kvpop.w).expand_as(student)
+    teacher = decayed(batch.target, queries, log_gamma.detach(), kvpop.bucket)
+    student = decayed(scores, queries, log_gamma, kvpop.bucket)
+    mask = candidates(queries, scores.shape[-1], kvpop.sinks, kvpop.window).expand_as(student)
     loss = boundary_loss(student, teacher, mask, kvpop.k, train.temperature, train.margin)
     recall = retention_recall(student.detach(), teacher, mask, kvpop.k).mean()
     return loss, recall
@@ -113,19 +111,21 @@ def distill(
     for window in windows:
         length = window.keys.shape[-2]
         if options.pattern == "streaming":
-            masks_per_window.append([streaming_mask(length, kvpop.s, kvpop.w, kvpop.k)[None]] * len(window.keys))
+            masks_per_window.append(
+                [streaming_mask(length, kvpop.sinks, kvpop.window, kvpop.k)[None]] * len(window.keys)
+            )
             continue
         with torch.no_grad():
             priority = static_base(
                 scorer(window.keys, window.values), torch.arange(length), scorer.log_gamma()[..., None], 1
             )
-        masks_per_window.append([kvpop_mask(layer, kvpop.s, kvpop.w, kvpop.k) for layer in priority])
+        masks_per_window.append([kvpop_mask(layer, kvpop.sinks, kvpop.window, kvpop.k) for layer in priority])
     optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr)
     history = []
     for step in range(options.steps):
         index = step % len(ids)
         batch = torch.tensor([ids[index]], device=model.device)
-        loss = distillation_loss(model, batch, masks_per_window[index], kvpop.s + kvpop.w + kvpop.k)
+        loss = distillation_loss(model, batch, masks_per_window[index], kvpop.sinks + kvpop.window + kvpop.k)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
@@ -142,9 +142,10 @@ def check_distill(cfg: DictConfig) -> None:
         return
     if cfg.distill.pattern not in ("kvpop", "streaming"):
         raise ValueError(f"distill.pattern={cfg.distill.pattern!r} is not a pattern — use kvpop or streaming")
-    if cfg.kvpop.n != 1:
+    if cfg.kvpop.bucket != 1:
         raise ValueError(
-            f"kvpop.n={cfg.kvpop.n!r} with distill.enabled=true — distillation needs static priorities: set kvpop.n=1"
+            f"kvpop.bucket={cfg.kvpop.bucket!r} with distill.enabled=true — distillation needs static priorities:"
+            " set kvpop.bucket=1"
         )
 
 
@@ -162,7 +163,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         ids = token_windows(tokenizer, documents(data.file, hub), data.length, data.windows, data.skip)
     model = load_model(spec)
     start = time.perf_counter()
-    windows = [extract(model, window, kvpop.w, opt.eps, opt.target_method) for window in ids]
+    windows = [extract(model, window, kvpop.window, opt.eps, opt.target_method) for window in ids]
     extract_s = time.perf_counter() - start
     log.info("captured %d windows of %d tokens in %.1fs", len(windows), data.length, extract_s)
 
@@ -175,7 +176,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         optimizer, lambda step: cosine_factor(step, opt.steps, opt.warmup, opt.min_lr_ratio)
     )
     generator = torch.Generator().manual_seed(opt.seed)
-    first = kvpop.s + kvpop.w + kvpop.k
+    first = kvpop.sinks + kvpop.window + kvpop.k
     history: list[dict[str, float]] = []
     running: list[tuple[float, float]] = []
     start = time.perf_counter()
@@ -209,7 +210,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         kv_heads=kv_heads,
         head_dim=head_dim,
         scorer=scorer.hyperparameters(),
-        policy={"s": kvpop.s, "w": kvpop.w, "k": kvpop.k, "n": kvpop.n},
+        policy={"sinks": kvpop.sinks, "window": kvpop.window, "k": kvpop.k, "bucket": kvpop.bucket},
         train={"config": config, "history": history, "extract_s": extract_s, "train_s": train_s},
     )
     path = save_checkpoint(scorer, cfg.output, info)
@@ -218,13 +219,3 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if cfg.distill.enabled:
         summary["distill"] = distill(model, scorer, ids, windows, cfg)
     return summary
-
-
-@hydra.main(config_path="../conf", config_name="train_kvpop", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    summary = train(cfg)
-    print(json.dumps({"checkpoint": summary["checkpoint"], "final": summary["history"][-1]}))
-
-
-if __name__ == "__main__":
-    cli(main)

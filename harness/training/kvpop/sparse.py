@@ -12,17 +12,12 @@ StreamingLLM+ trains the same way with the fixed sinks + recent pattern of the s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 from torch import Tensor
 from torch.nn import functional as F
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import PreTrainedModel
 
-from harness.kvpop.capture import attention_function
-
-NAME = "kvpop_sparse"
+from harness.attention import AttentionFunction, Call
 
 
 def running_topk_rank(priority: Tensor, sinks: int, window: int, k: int) -> Tensor:
@@ -89,49 +84,24 @@ def streaming_mask(length: int, sinks: int, window: int, k: int) -> Tensor:
     return (keys <= queries) & ((keys < sinks) | (keys >= queries - window - k))
 
 
-_MASKS: list[Tensor] | None = None
-
-
-def sparse_attention(
-    module: torch.nn.Module,
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attention_mask: Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[Tensor, None]:
+def _masked(masks: list[Tensor], call: Call) -> tuple[Tensor, None]:
     """Attention under the active per-layer mask ``(kv_heads or 1, S, S)`` (dense masked SDPA; a
     FlexAttention block mask is the GPU-scale form of the same pattern)."""
-    if _MASKS is None:
-        raise RuntimeError(f"the {NAME} attention function runs only inside harness.kvpop.sparse.masked()")
-    group = query.shape[1] // key.shape[1]
-    mask = _MASKS[module.layer_idx].to(query.device)
+    group = call.query.shape[1] // call.key.shape[1]
+    mask = masks[call.layer].to(call.query.device)
     mask = mask.repeat_interleave(group, dim=0) if mask.shape[0] > 1 else mask
     output = F.scaled_dot_product_attention(
-        query,
-        key.repeat_interleave(group, dim=1),
-        value.repeat_interleave(group, dim=1),
+        call.query,
+        call.key.repeat_interleave(group, dim=1),
+        call.value.repeat_interleave(group, dim=1),
         attn_mask=mask[None],
-        scale=scaling,
+        scale=call.scaling,
     )
     return output.transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(NAME, sparse_attention)
-
-
-@contextmanager
-def masked(model: PreTrainedModel, masks: list[Tensor]) -> Iterator[None]:
-    """Run ``model`` with ``masks[layer]`` as its attention pattern."""
-    global _MASKS
-    _MASKS = masks
-    try:
-        with attention_function(model, NAME):
-            yield
-    finally:
-        _MASKS = None
+#: ``with SPARSE.active(masks, model):`` runs ``model`` with ``masks[layer]`` as its attention pattern.
+SPARSE = AttentionFunction("kvpop_sparse", _masked)
 
 
 def distillation_loss(model: PreTrainedModel, ids: Tensor, masks: list[Tensor], first: int) -> Tensor:
@@ -142,6 +112,6 @@ def distillation_loss(model: PreTrainedModel, ids: Tensor, masks: list[Tensor], 
     """
     with torch.no_grad():
         teacher = model(input_ids=ids, use_cache=False).logits[0, first:].float().log_softmax(-1)
-    with masked(model, masks):
+    with SPARSE.active(masks, model):
         student = model(input_ids=ids, use_cache=False).logits[0, first:].float().log_softmax(-1)
     return F.kl_div(student, teacher, log_target=True, reduction="batchmean")

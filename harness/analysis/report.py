@@ -1,4 +1,4 @@
-"""``python -m harness.report [results_dir]``: one line per run, recomputed from its records.
+"""``python -m harness.analysis.report [results_dir]``: one line per run, recomputed from its records.
 
 A quick look at what is on disk; the papers' tables come from ``make tables``. Every records
 file is read and checked (a corrupt line or a duplicate record is an error naming the file).
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.analysis.results import load_results, run_folders
 from harness.errors import UserError, cli, user_errors
 from harness.records import read_records
-from harness.results import load_results, run_folders
 from harness.schema import RunId
 from harness.summary import summarize
 

@@ -14,8 +14,8 @@ cancelled job. Must run as root (slurmd does). Needs Debian's packages::
 
 Command line::
 
-    python -m harness.slurm_local start [--dir DIR]   # prints the export line for SLURM_CONF
-    python -m harness.slurm_local stop --dir DIR
+    python scripts/slurm_local.py start [--dir DIR]   # prints the export line for SLURM_CONF
+    python scripts/slurm_local.py stop --dir DIR
 """
 
 from __future__ import annotations
@@ -341,7 +341,7 @@ class LocalSlurm:
 
 def main(argv: list[str] | None = None) -> None:
     """``start`` prints the ``export SLURM_CONF=...`` line to eval; ``stop`` tears the cluster down."""
-    parser = argparse.ArgumentParser(prog="python -m harness.slurm_local", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python scripts/slurm_local.py", description=__doc__.split("\n")[0])
     parser.add_argument("action", choices=("start", "stop"))
     parser.add_argument("--dir", type=Path, default=Path("/tmp/evb-slurm"), help="cluster directory (wiped on start)")
     args = parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """The papers' figures from the records on disk (``results/figures/``, matplotlib Agg).
 
 Each figure is drawn only when its data exists; ``make_figures`` logs which were made and
-why the others were not. Methods are the variants of ``harness.tables`` (a name plus the
+why the others were not. Methods are the variants of ``harness.analysis.variants`` (a name plus the
 parameters that differ from its named config), labelled as the papers name them.
 """
 
@@ -19,11 +19,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness.diagnostics import kept_rasters  # noqa: E402
+from harness.analysis.diagnostics import kept_rasters  # noqa: E402
+from harness.analysis.results import load_configs, load_results  # noqa: E402
+from harness.analysis.spec import benchmark_mean  # noqa: E402
+from harness.analysis.variants import annotate, display  # noqa: E402
 from harness.records import read_records  # noqa: E402
-from harness.results import load_configs, load_results  # noqa: E402
 from harness.schema import RunId  # noqa: E402
-from harness.tables import annotate, benchmark_mean, display  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +240,7 @@ def kvpop_retention_maps(frame: pd.DataFrame, root: Path, out: Path) -> list[Pat
         return []
     made = []
     for (model, name), part in frame[frame[columns[0]].notna()].groupby(["model", "variant"]):
-        # meta.recall_l<layer>_h<head>: scalar meta fields, as harness.results keeps them.
+        # meta.recall_l<layer>_h<head>: scalar meta fields, as harness.analysis.results keeps them.
         cells = {tuple(int(x[1:]) for x in c.split("_")[1:3]): part[c].mean() for c in columns}
         layers, heads = max(k[0] for k in cells) + 1, max(k[1] for k in cells) + 1
         grid = np.full((layers, heads), np.nan)

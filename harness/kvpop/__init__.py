@@ -1,1 +1,0 @@
-"""KVpop training support: activation capture, the future-attention target, the loss, the data."""

@@ -1,0 +1,123 @@
+"""The call order of an eviction method over one sequence: one driver for every caller.
+
+The engine (a real model), the harness's adapter of the synthetic dialog world and the unit
+tests all serve a method through ``Driver``, so the order of ``methods.base`` is written once::
+
+    driver = Driver(method, info)          # begin(info); every layer caches the prompt
+    prefill forward, per layer:
+        driver.observe_prefill(view)       # only if driver.prefill_queries > 0
+    plan = driver.end_prefill()            # keep(0); positions follow the plan
+    per decode step:
+        driver.next_step()                 # the new token's position is cached; flags for this step
+        forward, per layer:
+            driver.bias(layer)             # additive logit bias, or None
+            driver.observe(view)           # only if driver.observing
+        plan = driver.end_step()           # keep(t); positions follow the plan
+
+The caller applies each plan to its own storage (the engine gathers the model's cache); the
+driver keeps the absolute positions cached per layer and the time spent inside the method.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
+
+
+def gather_positions(positions: Tensor, index: Tensor) -> Tensor:
+    """The kept columns of ``(kv_heads, T)`` positions: ``index`` ``(T',)`` shared or ``(kv_heads, T')``."""
+    return positions.index_select(1, index) if index.dim() == 1 else positions.gather(1, index)
+
+
+def _per_layer(
+    update: Callable[[Tensor, Tensor | None], Tensor], positions: list[Tensor], plan: KeepPlan | None = None
+) -> list[Tensor]:
+    """Apply ``update`` to every layer's positions, once per distinct (positions, index) pair.
+
+    Token-level methods share one positions tensor and one keep index across all layers, so
+    this does the work once instead of once per layer.
+    """
+    done: dict[tuple[int, int], Tensor] = {}
+    result = []
+    for layer, current in enumerate(positions):
+        index = plan[layer] if plan is not None else None
+        key = (id(current), id(index))
+        if key not in done:
+            done[key] = update(current, index)
+        result.append(done[key])
+    return result
+
+
+class Driver:
+    """Serves one sequence to ``method`` in the protocol's order.
+
+    Parameters:
+        method: the eviction method (``begin`` is called here).
+        info: the sequence; every layer starts with positions ``0 .. prefill_len - 1``.
+
+    Attributes:
+        positions: per layer, the ``(kv_heads, T)`` absolute positions cached now.
+        step: 0 during the prefill, t during decode step t.
+        observing, attention: whether the method observes this step, and needs its weights.
+        score_s: seconds inside the method (observations and keep decisions) since the prefill.
+    """
+
+    def __init__(self, method: EvictionMethod, info: SequenceInfo) -> None:
+        self.method = method
+        self.info = info
+        method.begin(info)
+        prompt = torch.arange(info.prefill_len, device=info.device).expand(info.num_kv_heads, -1)
+        self.positions: list[Tensor] = [prompt] * info.num_layers
+        self.step = 0
+        self.observing = False
+        self.attention = False
+        self.score_s = 0.0
+
+    @property
+    def prefill_queries(self) -> int:
+        """How many trailing prompt queries the method observes at the prefill (0: none)."""
+        return self.method.wants_prefill_queries
+
+    def observe_prefill(self, view: LayerView) -> None:
+        start = time.perf_counter()
+        self.method.observe_prefill(view)
+        self.score_s += time.perf_counter() - start
+
+    def end_prefill(self) -> KeepPlan | None:
+        """The prefill-time keep plan; the time spent here belongs to the prefill, not to decoding."""
+        plan = self._keep()
+        self.score_s = 0.0
+        return plan
+
+    def next_step(self) -> None:
+        """Start the next decode step: its token's position joins every layer's cache."""
+        self.step += 1
+        newest = torch.full((self.info.num_kv_heads, 1), self.info.prefill_len + self.step - 1, device=self.info.device)
+        self.positions = _per_layer(lambda p, _: torch.cat([p, newest], dim=1), self.positions)
+        self.observing = self.method.observes(self.step)
+        self.attention = self.method.needs_attention(self.step)
+
+    def bias(self, layer: int) -> Tensor | None:
+        return self.method.logit_bias(layer, self.positions[layer])
+
+    def observe(self, view: LayerView) -> None:
+        start = time.perf_counter()
+        self.method.observe(view)
+        self.score_s += time.perf_counter() - start
+
+    def end_step(self) -> KeepPlan | None:
+        """This step's keep plan (None: keep everything)."""
+        return self._keep()
+
+    def _keep(self) -> KeepPlan | None:
+        start = time.perf_counter()
+        plan = self.method.keep(self.step, self.positions)
+        self.score_s += time.perf_counter() - start
+        if plan is not None:
+            self.positions = _per_layer(gather_positions, self.positions, plan)
+        return plan
