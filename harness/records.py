@@ -96,29 +96,31 @@ def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
     return records
 
 
-def append_line(path: Path, line: bytes, ids_since: int | None = None) -> tuple[bool, int, set[str]]:
-    """Append ``line`` in one locked write and flush it to disk.
+def append_lines(path: Path, lines: list[bytes], ids_since: int | None = None) -> tuple[list[bool], int, set[str]]:
+    """Append ``lines`` in one locked write and flush them to disk.
 
     With ``ids_since`` (a byte offset), the example ids written after that offset by other
-    writers are read under the same lock first; the line is not written when its
-    ``example_id`` is among them. Returns (written, file size after, ids read).
+    writers are read under the same lock first, and a line whose ``example_id`` is among them
+    is not written. Returns (which lines were written, file size after, ids read).
     """
     descriptor = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         others: set[str] = set()
+        written = [True] * len(lines)
         if ids_since is not None:
             size = os.fstat(descriptor).st_size
             if size > ids_since:
-                lines, _ = _split(os.pread(descriptor, size - ids_since, ids_since))
-                others = {_parse(path, 0, text)["example_id"] for text in lines if text.strip()}
-            if json.loads(line)["example_id"] in others:
-                return False, size, others
-        written = os.write(descriptor, line)
-        if written != len(line):
-            raise OSError(f"{path}: short write ({written} of {len(line)} bytes)")
-        os.fsync(descriptor)
-        return True, os.fstat(descriptor).st_size, others
+                complete, _ = _split(os.pread(descriptor, size - ids_since, ids_since))
+                others = {_parse(path, 0, text)["example_id"] for text in complete if text.strip()}
+            written = [json.loads(line)["example_id"] not in others for line in lines]
+        data = b"".join(line for line, keep in zip(lines, written, strict=True) if keep)
+        if data:
+            count = os.write(descriptor, data)
+            if count != len(data):
+                raise OSError(f"{path}: short write ({count} of {len(data)} bytes)")
+            os.fsync(descriptor)
+        return written, os.fstat(descriptor).st_size, others
     finally:
         os.close(descriptor)
 
@@ -149,18 +151,36 @@ class RecordFile:
 
     def append(self, record: dict[str, Any]) -> bool:
         """Append ``record``; False (nothing written) when another writer recorded its example meanwhile."""
-        example_id = record["example_id"]
-        if example_id in self._ids and example_id not in self._others:
-            raise DuplicateRecordError(f"{self.path}: example_id={example_id!r} is already recorded")
-        if example_id not in self._others:
-            written, self._size, others = append_line(self.path, _encode(record), ids_since=self._size)
-            self._ids |= others
-            self._others |= others
-            if written:
-                self._ids.add(example_id)
-                return True
-        log.warning("%s: %s was recorded by another process meanwhile; keeping that record", self.path, example_id)
-        return False
+        return self.append_many([record])[0]
+
+    def append_many(self, records: list[dict[str, Any]]) -> list[bool]:
+        """Append ``records`` in one write (one flush to disk); per record, whether it was written.
+
+        A record whose example another writer recorded meanwhile is left out (False).
+        """
+        fresh = []
+        for record in records:
+            example_id = record["example_id"]
+            if example_id in self._ids and example_id not in self._others:
+                raise DuplicateRecordError(f"{self.path}: example_id={example_id!r} is already recorded")
+            fresh.append(example_id not in self._others)
+        written, self._size, others = append_lines(
+            self.path, [_encode(r) for r, new in zip(records, fresh, strict=True) if new], ids_since=self._size
+        )
+        self._ids |= others
+        self._others |= others
+        results = iter(written)
+        outcome = [new and next(results) for new in fresh]
+        for record, kept in zip(records, outcome, strict=True):
+            if kept:
+                self._ids.add(record["example_id"])
+            else:
+                log.warning(
+                    "%s: %s was recorded by another process meanwhile; keeping that record",
+                    self.path,
+                    record["example_id"],
+                )
+        return outcome
 
     def records(self) -> list[dict[str, Any]]:
         return read_records(self.path)
@@ -186,7 +206,7 @@ class CompanionFile:
             write_atomic(path, "".join(line + "\n" for line in kept))
 
     def append(self, line: dict[str, Any]) -> None:
-        append_line(self.path, _encode(line))
+        append_lines(self.path, [_encode(line)])
 
 
 def write_atomic(path: Path, text: str) -> None:

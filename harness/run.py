@@ -15,7 +15,6 @@ import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from harness.engine import Engine, check_sequence
 from harness.errors import UserError, cli, user_errors
 from harness.models import ModelSpec, file_sha256, load_config, load_model, load_tokenizer, resolve_device
 from harness.models import writable_folder as _writable
-from harness.records import CompanionFile, RecordFile, RunLock, append_line, write_atomic
+from harness.records import CompanionFile, RecordFile, RunLock, append_lines, write_atomic
 from harness.sampling import Sampling
 from harness.schema import NUMERIC_FIELDS, OUTCOME_FIELDS, RunId, digest
 from harness.summary import summarize
@@ -334,19 +333,25 @@ def _run(plan: Plan) -> dict[str, Any]:
                 session |= provenance.collect(model.device)
                 # A hub model without a pinned revision: the commit its files came from.
                 session["model_commit"] = getattr(model.config, "_commit_hash", None)
+                batches = ([(example, run_one(example))] for example in todo)
             else:
-                run_one = partial(task.run_example, MethodPolicy(plan.method))
                 session |= provenance.collect(torch.device("cpu"))
+                batches = task.run_batches(MethodPolicy(plan.method), todo)
             write_atomic(folder / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-            append_line(folder / "provenance.jsonl", (json.dumps(session) + "\n").encode())
+            append_lines(folder / "provenance.jsonl", [(json.dumps(session) + "\n").encode()])
             scores: list[float] = []
-            progress = tqdm(todo, desc=f"{cfg.method.name} rho={cfg.rho}", unit="ex", dynamic_ncols=True)
-            for example in progress:
-                record = make_record(cfg, run, plan.identity, task, example, run_one(example))
-                if records.append(record):
-                    tracker.log_record(record, step=len(records) - 1)
-                scores.append(next(iter(record["metrics"].values())))
-                progress.set_postfix(score=f"{sum(scores) / len(scores):.3g}", kv=f"{record['cache_len_final']}")
+            progress = tqdm(total=len(todo), desc=f"{cfg.method.name} rho={cfg.rho}", unit="ex", dynamic_ncols=True)
+            for batch in batches:
+                made = [make_record(cfg, run, plan.identity, task, example, outcome) for example, outcome in batch]
+                step = len(records)
+                for record, written in zip(made, records.append_many(made), strict=True):
+                    if written:
+                        tracker.log_record(record, step=step)
+                        step += 1
+                    scores.append(next(iter(record["metrics"].values())))
+                progress.update(len(made))
+                progress.set_postfix(score=f"{sum(scores) / len(scores):.3g}", kv=f"{made[-1]['cache_len_final']}")
+            progress.close()
         summary = summarize(records.records())
         summary["run_id"] = str(run)
         write_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -10,14 +10,14 @@ It declares which of four protocols the harness runs its examples with (``TaskPr
       TEACHER_FORCED        feed example.forced_ids      -> task.score_logprobs(logprobs, example)
       GENERATE_THEN_ANSWER  decode under the method, then task.follow_up(tokenizer, example, text)
                             decoded with the full cache  -> task.score(answer, follow-up example)
-      WORLD                 no model: task.run_example(policy, example) -> the record's outcome
+      WORLD                 no model: task.run_batches(policy, examples) -> the records' outcomes
                             (``policy``: the method as the harness adapts it to the world)
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -108,6 +108,15 @@ class Task(ABC):
     def run_example(self, policy: Any, example: Example) -> dict[str, Any]:
         """``WORLD``: run ``policy`` through ``example`` and return the record's outcome fields."""
         raise NotImplementedError(f"task {self.name!r} runs on a model, not in a world of its own")
+
+    def run_batches(self, policy: Any, examples: list[Example]) -> Iterator[list[tuple[Example, dict[str, Any]]]]:
+        """``WORLD``: the outcomes of ``examples`` in batches, each recorded in one write.
+
+        One example per batch by default; a world that simulates many examples at once yields
+        them together.
+        """
+        for example in examples:
+            yield [(example, self.run_example(policy, example))]
 
 
 def as_list(field_name: str, value: Any) -> list[Any]:

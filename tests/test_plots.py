@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.analysis import plots
-from harness.analysis.plots import make_figures
+from harness.analysis.figures import inertiakv as plots
+from harness.analysis.figures import make_figures
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
 
@@ -44,7 +44,7 @@ def test_quality_vs_budget_has_one_panel_per_length(tmp_path: Path, monkeypatch)
     )
     frame["method"] = frame["variant"]
     figures = []
-    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or path)
+    monkeypatch.setattr(plots, "save", lambda fig, path: figures.append(fig) or path)
     plots.quality_vs_budget(frame, tmp_path, tmp_path)
     [figure] = figures
     curves = [[list(line.get_ydata()) for line in ax.get_lines()] for ax in figure.axes]

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from harness.analysis.diagnostics import read_diagnostics
+from harness.analysis.figures import make_figures
 from harness.analysis.papers import write_tables
-from harness.analysis.plots import make_figures
 from harness.config import compose_config
 from harness.records import RecordFile, read_records
 from harness.run import execute

@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from harness.analysis.figures import make_figures
 from harness.analysis.papers import write_tables
-from harness.analysis.plots import make_figures
 from harness.analysis.report import existing_root
 from harness.errors import cli, user_errors
 

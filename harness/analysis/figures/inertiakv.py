@@ -1,56 +1,23 @@
-"""The papers' figures from the records on disk (``results/figures/``, matplotlib Agg).
-
-Each figure is drawn only when its data exists; ``make_figures`` logs which were made and
-why the others were not. Methods are the variants of ``harness.analysis.variants`` (a name plus the
-parameters that differ from its named config), labelled as the papers name them.
-"""
+"""InertiaKV's figures: quality vs budget, the needle heatmap, alpha sensitivity, decode throughput and
+its composition, and the retention panels."""
 
 from __future__ import annotations
-
-import logging
-from collections.abc import Callable
-from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
+
+from pathlib import Path  # noqa: E402
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.analysis.diagnostics import kept_rasters  # noqa: E402
-from harness.analysis.results import load_configs, load_results  # noqa: E402
+from harness.analysis.figures.common import Figure, by_length, defaults_only, save  # noqa: E402
 from harness.analysis.spec import benchmark_mean  # noqa: E402
-from harness.analysis.variants import annotate, display  # noqa: E402
-from harness.records import read_records  # noqa: E402
+from harness.analysis.variants import display  # noqa: E402
 from harness.schema import RunId  # noqa: E402
-
-log = logging.getLogger(__name__)
-
-Figure = Callable[[pd.DataFrame, Path, Path], list[Path]]
-
-
-def _save(fig: plt.Figure, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
-
-
-def _defaults_only(frame: pd.DataFrame) -> pd.DataFrame:
-    # Lines compare named methods; parameter sweeps have their own figures. The full cache
-    # does not depend on rho: its runs at any rho are one method.
-    frame = frame[frame["variant"] == frame["method"]]
-    return frame.assign(rho=frame["rho"].where(frame["variant"] != "full", 0.0))
-
-
-def _by_length(part: pd.DataFrame) -> list[tuple[object, pd.DataFrame]]:
-    """One panel per nominal context length (``meta.length``) when the records span several."""
-    lengths = part["meta.length"] if "meta.length" in part.columns else None
-    if lengths is None or not pd.api.types.is_numeric_dtype(lengths) or lengths.nunique() < 2:
-        return [(None, part)]
-    return list(part.groupby("meta.length"))
 
 
 def quality_vs_budget(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
@@ -60,11 +27,11 @@ def quality_vs_budget(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     score would hide exactly the degradation the figure is for.
     """
     made = []
-    frame = _defaults_only(frame[frame["task"] != "dialogs"])
+    frame = defaults_only(frame[frame["task"] != "dialogs"])
     for (model, task), part in frame.groupby(["model", "task"]):
         if part.loc[part["variant"] != "full", "rho"].nunique() < 2:
             continue
-        panels = _by_length(part)
+        panels = by_length(part)
         fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 3.8), sharey=True, squeeze=False)
         for ax, (length, rows) in zip(axes[0], panels, strict=True):
             for name, runs in rows[rows["variant"] != "full"].groupby("variant"):
@@ -79,7 +46,7 @@ def quality_vs_budget(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
             ax.set_title(f"{task}: quality vs budget ({model})" + (f", {length} tokens" if length else ""), fontsize=10)
             ax.legend(fontsize=8)
         axes[0][0].set_ylabel(part["primary_metric"].iloc[0])
-        made.append(_save(fig, out / f"quality_vs_budget_{task}_{model}.png"))
+        made.append(save(fig, out / f"quality_vs_budget_{task}_{model}.png"))
     return made
 
 
@@ -99,7 +66,7 @@ def needle_heatmap(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
         ax.set(xlabel="context length (tokens)", ylabel="needle depth")
         ax.set_title(f"{display(name)}, ρ={rho:g} ({model})", fontsize=10)
         fig.colorbar(image, ax=ax, label=part["primary_metric"].iloc[0])
-        made.append(_save(fig, out / f"needle_{model}_{name}_rho{rho:g}.png"))
+        made.append(save(fig, out / f"needle_{model}_{name}_rho{rho:g}.png"))
     return made
 
 
@@ -129,13 +96,13 @@ def alpha_sensitivity(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
         ax.set(xlabel="EMA α (0 = single-step)", ylabel="score / score at α=0.8")
         ax.set_title(f"α sensitivity ({model})", fontsize=10)
         ax.legend(fontsize=8)
-        made.append(_save(fig, out / f"alpha_sensitivity_{model}.png"))
+        made.append(save(fig, out / f"alpha_sensitivity_{model}.png"))
     return made
 
 
 def throughput(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     """Decode tokens/s vs prompt length per method (points and the mean per length bin)."""
-    rows = _defaults_only(frame[(frame["task"] != "dialogs") & frame["decode_tokens_per_s"].gt(0)])
+    rows = defaults_only(frame[(frame["task"] != "dialogs") & frame["decode_tokens_per_s"].gt(0)])
     made = []
     for model, part in rows.groupby("model"):
         if part["prefill_len"].nunique() < 2:
@@ -151,13 +118,13 @@ def throughput(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
         ax.set(xscale="log", xlabel="prompt length L0 (tokens)", ylabel="decode tokens / s")
         ax.set_title(f"decode throughput vs context ({model})", fontsize=10)
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        made.append(_save(fig, out / f"throughput_{model}.png"))
+        made.append(save(fig, out / f"throughput_{model}.png"))
     return made
 
 
 def decode_composition(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     """Mean decode time per example split into scoring, eviction (gather) and the rest."""
-    rows = _defaults_only(frame[(frame["task"] != "dialogs") & frame["decode_s"].gt(0)])
+    rows = defaults_only(frame[(frame["task"] != "dialogs") & frame["decode_s"].gt(0)])
     made = []
     for (model, task), part in rows.groupby(["model", "task"]):
         parts = part.assign(rest=part["decode_s"] - part["score_s"] - part["evict_s"])
@@ -174,7 +141,7 @@ def decode_composition(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]
         ax.set(xlabel="decode time per example (s)")
         ax.set_title(f"decode-time composition: {task} ({model})", fontsize=10)
         ax.legend(fontsize=8, loc="lower right")
-        made.append(_save(fig, out / f"decode_composition_{task}_{model}.png"))
+        made.append(save(fig, out / f"decode_composition_{task}_{model}.png"))
     return made
 
 
@@ -197,61 +164,7 @@ def retention_panels(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
         ax.set_xlabel("position")
     axes[0][0].set_ylabel("decode step (blue: kept, red x: raw top-B evicted)", fontsize=8)
     axes[0][0].invert_yaxis()
-    return [_save(fig, out / "retention_panels.png")]
-
-
-def dialog_turns(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
-    """Dialog world: mean alignment and retention per turn, per scenario, one line per method."""
-    runs = frame.loc[frame["task"] == "dialogs"].drop_duplicates("run_id")
-    runs = runs[runs["variant"] == runs["method"]]
-    if runs.empty:
-        return []
-    turns: list[dict] = []
-    for run_id, name in runs[["run_id", "variant"]].itertuples(index=False):
-        for record in read_records(root / run_id / "records.jsonl"):
-            series = (record.get("meta") or {}).get("turns") or {}
-            for metric in ("alignment", "retention"):
-                for turn, value in enumerate(series.get(metric, []), start=1):
-                    turns.append({"variant": name, "scenario": record["subtask"], "metric": metric, "turn": turn,
-                                  "value": value})  # fmt: skip
-    if not turns:
-        return []
-    data = pd.DataFrame(turns)
-    scenarios = sorted(data["scenario"].unique())
-    fig, axes = plt.subplots(2, len(scenarios), figsize=(3.2 * len(scenarios), 5.5), squeeze=False, sharey="row")
-    for row, metric in enumerate(("alignment", "retention")):
-        for col, scenario in enumerate(scenarios):
-            ax = axes[row][col]
-            part = data[(data["metric"] == metric) & (data["scenario"] == scenario)]
-            for name, r in part.groupby("variant"):
-                curve = r.groupby("turn")["value"].mean()
-                ax.plot(curve.index, curve.to_numpy(), label=display(name), linewidth=1.2)
-            ax.set_title(scenario if row == 0 else "", fontsize=9)
-            ax.set_xlabel("turn" if row == 1 else "")
-        axes[row][0].set_ylabel(metric)
-    axes[0][-1].legend(fontsize=7)
-    return [_save(fig, out / "dialog_turns.png")]
-
-
-def kvpop_retention_maps(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
-    """KVpop's per-layer x per-head top-k recall vs the teacher, when records carry it."""
-    columns = [c for c in frame.columns if c.startswith("meta.recall")]
-    if not columns:
-        return []
-    made = []
-    for (model, name), part in frame[frame[columns[0]].notna()].groupby(["model", "variant"]):
-        # meta.recall_l<layer>_h<head>: scalar meta fields, as harness.analysis.results keeps them.
-        cells = {tuple(int(x[1:]) for x in c.split("_")[1:3]): part[c].mean() for c in columns}
-        layers, heads = max(k[0] for k in cells) + 1, max(k[1] for k in cells) + 1
-        grid = np.full((layers, heads), np.nan)
-        for (layer, head), value in cells.items():
-            grid[layer, head] = value
-        fig, ax = plt.subplots(figsize=(1.5 + 0.3 * heads, 1.5 + 0.2 * layers))
-        image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=1, aspect="auto")
-        ax.set(xlabel="KV head", ylabel="layer", title=f"{display(name)} top-k recall ({model})")
-        fig.colorbar(image, ax=ax)
-        made.append(_save(fig, out / f"kvpop_retention_{model}_{name}.png"))
-    return made
+    return [save(fig, out / "retention_panels.png")]
 
 
 FIGURES: dict[str, Figure] = {
@@ -261,20 +174,4 @@ FIGURES: dict[str, Figure] = {
     "decode throughput": throughput,
     "decode-time composition": decode_composition,
     "retention panels": retention_panels,
-    "dialog per-turn alignment/retention": dialog_turns,
-    "KVpop retention maps": kvpop_retention_maps,
 }
-
-
-def make_figures(root: Path | str = "results", out: Path | str | None = None) -> list[Path]:
-    """Every figure the records under ``root`` support, into ``out`` (``<root>/figures``)."""
-    root = Path(root)
-    out = Path(out) if out is not None else root / "figures"
-    out.mkdir(parents=True, exist_ok=True)
-    frame = annotate(load_results(root), load_configs(root))
-    made: list[Path] = []
-    for name, figure in FIGURES.items():
-        files = figure(frame, root, out) if not frame.empty or name == "retention panels" else []
-        log.info("figure %s: %s", name, ", ".join(p.name for p in files) if files else "not made (no data)")
-        made += files
-    return made
