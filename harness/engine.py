@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -18,6 +19,7 @@ from harness import kv_cache
 from harness.attention import select
 from harness.evicting_attention import EVICTING, StepState
 from harness.models import check_length
+from harness.reconstruction import reconstruction_passes
 from harness.sampling import Sampling
 from methods.base import EvictionMethod, KeepPlan, SequenceInfo
 from methods.driver import Driver
@@ -32,29 +34,46 @@ class Generation:
         prefill_len: L0.
         budget: entries per layer and KV head the method allows (None: unlimited).
         cache_len_final: entries cached after the last step, max over layers and heads.
-        kv_bytes_final: bytes of keys and values held after the last step.
+        kv_entries_final: entries attention can see after the last step, mean over layers and
+            KV heads (logical: a masked entry is held but not counted).
+        kv_bytes_final: bytes of keys and values held after the last step (physical), plus the
+            method's state that stands in for cache (``state_bytes``).
+        state_bytes: bytes of that method state (a recurrent scorer's), included in ``kv_bytes_final``.
         kv_bytes_full: bytes a full cache of the same sequence would hold.
+        prefill_peak_bytes, decode_peak_bytes: the memory peak of the prefill (reconstruction
+            passes and prefill eviction included) and of the decode loop: on CUDA the
+            allocator's peak (weights and activations included), elsewhere the most key/value
+            bytes the cache held.
         prefill_s, decode_s: wall time of the prefill forward (with the method's prefill
-            observation and eviction, if any) and of the decode loop.
+            observation, reconstruction passes and eviction, if any) and of the decode loop.
         score_s: part of the decode time spent in the method (observing and choosing).
         evict_s: part of the decode time spent gathering the kept entries into new tensors.
         max_cache_len: the largest cache length seen after any decode step's eviction.
         target_logprobs: with ``forced`` tokens, the log-probability the model gave each one
             (teacher forcing under eviction, for perplexity).
+        target_greedy: with ``forced`` tokens, whether each one was the model's most likely
+            token (lm-eval's ``is_greedy``).
+        method_report: what the method measured about the sequence (``EvictionMethod.report``).
     """
 
     tokens: list[int]
     prefill_len: int
     budget: int | None
     cache_len_final: int
+    kv_entries_final: float
     kv_bytes_final: int
     kv_bytes_full: int
+    prefill_peak_bytes: int
+    decode_peak_bytes: int
     prefill_s: float
     decode_s: float
     score_s: float
     evict_s: float
     max_cache_len: int
+    state_bytes: int = 0
     target_logprobs: list[float] = field(default_factory=list)
+    target_greedy: list[bool] = field(default_factory=list)
+    method_report: dict[str, Any] = field(default_factory=dict)
 
     @property
     def new_tokens(self) -> int:
@@ -64,11 +83,22 @@ class Generation:
 StepHook = Callable[[int, StepState, object], None]
 
 
+def rotary_embedding(model: PreTrainedModel) -> torch.nn.Module | None:
+    """The model's rotary embedding (the module holding ``inv_freq``), or None without RoPE."""
+    return next((m for m in model.modules() if isinstance(getattr(m, "inv_freq", None), Tensor)), None)
+
+
 def sequence_info(
-    config: PretrainedConfig, prefill_len: int, max_new_tokens: int, seed: int = 0, device: torch.device | None = None
+    config: PretrainedConfig,
+    prefill_len: int,
+    max_new_tokens: int,
+    seed: int = 0,
+    device: torch.device | None = None,
+    model: PreTrainedModel | None = None,
 ) -> SequenceInfo:
-    """What a method may know about a sequence on the model of ``config``."""
+    """What a method may know about a sequence on the model of ``config`` (its RoPE with ``model``)."""
     text = config.get_text_config()
+    rotary = None if model is None else rotary_embedding(model)
     return SequenceInfo(
         prefill_len=prefill_len,
         num_layers=text.num_hidden_layers,
@@ -77,7 +107,40 @@ def sequence_info(
         max_new_tokens=max_new_tokens,
         seed=seed,
         device=device if device is not None else torch.device("cpu"),
+        rope_inv_freq=None if rotary is None else rotary.inv_freq.float(),
+        rope_scale=1.0 if rotary is None else float(getattr(rotary, "attention_scaling", 1.0)),
+        dtype=torch.float32 if model is None else model.dtype,
     )
+
+
+def _cuda_devices(device: torch.device) -> list[int]:
+    """The CUDA devices whose allocator peaks count (every visible one: a sharded model spans several)."""
+    return list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+
+
+def _reset_peak(device: torch.device) -> None:
+    for index in _cuda_devices(device):
+        torch.cuda.reset_peak_memory_stats(index)
+
+
+def _peak(device: torch.device, cache_peak: int) -> int:
+    """The allocator's peak since ``_reset_peak`` on CUDA; elsewhere the cache's peak ``cache_peak``."""
+    devices = _cuda_devices(device)
+    return sum(torch.cuda.max_memory_allocated(index) for index in devices) if devices else cache_peak
+
+
+def visible_entries(driver: Driver, cache: object) -> float:
+    """Entries attention can see now, mean over layers and KV heads (a -inf logit bias hides an entry)."""
+    seen = heads = 0
+    for layer, lengths in enumerate(kv_cache.head_lengths(cache)):
+        bias = driver.bias(layer)
+        heads += len(lengths)
+        if bias is None:
+            seen += sum(lengths)
+        else:
+            rows = bias if isinstance(bias, tuple) else [bias]
+            seen += sum(int(torch.isfinite(row).sum()) for row in rows)
+    return seen / heads
 
 
 def check_sequence(
@@ -102,12 +165,14 @@ class Engine:
         sampling: greedy by default.
         on_step: optional callback ``(step, context, cache)`` after each step's eviction
             (tests and diagnostics).
+        tokenizer: the model's tokenizer, for methods that reconstruct the context (KVzip).
     """
 
     model: PreTrainedModel
     method: EvictionMethod
     sampling: Sampling = field(default_factory=Sampling)
     on_step: StepHook | None = None
+    tokenizer: Any = None
 
     def __post_init__(self) -> None:
         kv_cache.check_layers(self.model.config, self.model.config.name_or_path or self.model.config.model_type)
@@ -128,6 +193,25 @@ class Engine:
             input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=1
         )
         return output.logits[0, -1]
+
+    def _reconstruct(self, state: StepState, input_ids: list[int], cache: object) -> None:
+        """Run the method's context-reconstruction passes over the prompt's cache, then drop their entries."""
+        spec = state.driver.reconstruction
+        if spec is None:
+            return
+        if self.tokenizer is None:
+            raise ValueError(
+                f"method {self.method.name!r} reconstructs the context, which needs the tokenizer — "
+                "construct the Engine with tokenizer=<the model's tokenizer>"
+            )
+        prefill_len = len(input_ids)
+        for start, end, ids in reconstruction_passes(self.tokenizer, input_ids, spec):
+            state.driver.begin_reconstruction(start, end)
+            with EVICTING.active(state):
+                self._forward(ids, prefill_len, cache)
+            state.driver.end_reconstruction()
+            state.peak_bytes = max(state.peak_bytes, kv_cache.cache_bytes(cache))
+            kv_cache.truncate(cache, prefill_len)
 
     def _apply(self, plan: KeepPlan | None, cache: object) -> float:
         if plan is None:
@@ -164,19 +248,26 @@ class Engine:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         prefill_len = len(input_ids)
         check_length(self.model.config, prefill_len, max_new_tokens, "the prompt")
-        info = sequence_info(self.model.config, prefill_len, max_new_tokens, seed, self.device)
+        info = sequence_info(self.model.config, prefill_len, max_new_tokens, seed, self.device, self.model)
         generator = torch.Generator(device="cpu").manual_seed(seed)
         cache = kv_cache.new_cache(self.model)
+        _reset_peak(self.device)
         start = time.perf_counter()
-        state = StepState(Driver(self.method, info))
+        state = StepState(Driver(self.method, info), cache)
         with EVICTING.active(state):
             logits = self._forward(input_ids, 0, cache)
+        state.peak_bytes = max(state.peak_bytes, kv_cache.cache_bytes(cache))
+        full_token_bytes = kv_cache.bytes_per_token(cache)
+        self._reconstruct(state, input_ids, cache)
         self._apply(state.driver.end_prefill(), cache)
         prefill_s = time.perf_counter() - start
+        prefill_peak = _peak(self.device, state.peak_bytes)
         if self.on_step:
             self.on_step(0, state, cache)
-        full_token_bytes = kv_cache.bytes_per_token(cache)
+        _reset_peak(self.device)
+        decode_peak = kv_cache.cache_bytes(cache)
         target_logprobs: list[float] = []
+        target_greedy: list[bool] = []
 
         def next_token(logits: Tensor) -> int:
             if forced is None:
@@ -186,7 +277,9 @@ class Engine:
                     )
                 return self.sampling.choose(logits, generator)
             target = forced[len(target_logprobs)]
-            target_logprobs.append(float(torch.log_softmax(logits.float(), dim=-1)[target]))
+            logprobs = torch.log_softmax(logits.float(), dim=-1)
+            target_logprobs.append(float(logprobs[target]))
+            target_greedy.append(int(logprobs.argmax()) == target)
             return target
 
         tokens: list[int] = []
@@ -202,23 +295,31 @@ class Engine:
             state.driver.next_step()
             with EVICTING.active(state):
                 logits = self._forward([tokens[-1]], prefill_len + step - 1, cache)
+            decode_peak = max(decode_peak, kv_cache.cache_bytes(cache))
             evict_s += self._apply(state.driver.end_step(), cache)
             max_cache_len = max(max_cache_len, *kv_cache.cache_lengths(cache))
             if self.on_step:
                 self.on_step(step, state, cache)
             tokens.append(next_token(logits))
         decode_s = time.perf_counter() - start
+        state_bytes = self.method.state_bytes()
         return Generation(
             tokens=tokens,
             prefill_len=prefill_len,
             budget=self.method.budget(),
             cache_len_final=max(kv_cache.cache_lengths(cache)),
-            kv_bytes_final=kv_cache.cache_bytes(cache),
+            kv_entries_final=visible_entries(state.driver, cache),
+            kv_bytes_final=kv_cache.cache_bytes(cache) + state_bytes,
             kv_bytes_full=full_token_bytes * (prefill_len + step),
+            prefill_peak_bytes=prefill_peak,
+            decode_peak_bytes=_peak(self.device, decode_peak),
             prefill_s=prefill_s,
             decode_s=decode_s,
             score_s=state.driver.score_s,
             evict_s=evict_s,
             max_cache_len=max_cache_len,
+            state_bytes=state_bytes,
             target_logprobs=target_logprobs,
+            target_greedy=target_greedy,
+            method_report=self.method.report(),
         )

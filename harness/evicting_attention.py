@@ -1,19 +1,26 @@
 """The engine's attention function: scores for the method from the attention the model computes anyway.
 
 Registered as ``evictbench`` (``harness.attention``). While the engine decodes a sequence, the
-forward's state is a ``StepState`` holding the method's ``Driver``. At a decode step (one query
-row) whose method wants scores, or adds a logit bias, the softmax weights are computed
+forward's state is a ``StepState`` holding the method's ``Driver`` and the cache. At a decode step
+(one query row) whose method wants scores, or adds a logit bias, the softmax weights are computed
 explicitly, used for the output *and* handed to the method, so scoring costs no second
-attention pass. Every other call (the prefill, steps without scoring, batch > 1) goes to SDPA.
+attention pass. A ragged layer (its KV heads hold different counts) is attended head by head.
+Every other call (the prefill, steps without scoring, batch > 1) goes to SDPA.
+
+Prefill-time calls may evict: a method that decides layer by layer gets the layer right after
+its observation and the layer's cache is cut before the next layer runs. A context-reconstruction
+pass (KVzip) reads the prompt's cache with its own queries, which the method observes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from harness import kv_cache
 from harness.attention import AttentionFunction, Call
 from methods.base import LayerView
 from methods.driver import Driver
@@ -25,12 +32,17 @@ class StepState:
 
     Parameters:
         driver: serves the sequence to the method (positions, flags, timing).
+        cache: the cache the forward reads and writes (layer-wise prefill eviction cuts it).
         attention_calls: decode-time explicit attention computations per layer (the test of
             "no second attention pass" counts them).
+        peak_bytes: the most key/value bytes the cache held at any layer call of a multi-query
+            forward (the prefill and reconstruction passes), before that layer's eviction.
     """
 
     driver: Driver
+    cache: object = None
     attention_calls: dict[int, int] = field(default_factory=dict)
+    peak_bytes: int = 0
 
     @property
     def positions(self) -> list[Tensor]:
@@ -58,23 +70,84 @@ def single_query_attention(
     return output, weights[0]
 
 
+def ragged_single_query_attention(
+    query: Tensor,
+    keys: tuple[Tensor, ...],
+    values: tuple[Tensor, ...],
+    scaling: float,
+    bias: tuple[Tensor, ...] | None,
+) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """``single_query_attention`` over KV heads of different lengths, one head at a time.
+
+    Shapes: query ``(1, H, 1, D)``, ``keys[h]``/``values[h]`` ``(T_h, D)``, ``bias[h]`` ``(T_h,)``.
+    Returns the output ``(1, 1, H, D)`` and per head the weights ``(H/Hkv, T_h)``.
+    """
+    _, heads, _, dim = query.shape
+    grouped = query.view(len(keys), heads // len(keys), dim)
+    outputs, weights = [], []
+    for head, (key, value) in enumerate(zip(keys, values, strict=True)):
+        logits = torch.matmul(grouped[head], key.transpose(0, 1)) * scaling
+        if bias is not None:
+            logits = logits + bias[head][None, :].to(logits)
+        head_weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
+        outputs.append(torch.matmul(head_weights, value))
+        weights.append(head_weights)
+    return torch.cat(outputs).view(1, 1, heads, dim), tuple(weights)
+
+
+def _reconstruction(state: StepState, call: Call) -> tuple[Tensor, Tensor | None]:
+    """A pass that reads the prompt's cache again: the method observes it; causal, aligned at the end."""
+    driver, layer = state.driver, call.layer
+    view = LayerView(
+        layer, call.key[0], call.value[0], driver.positions[layer], queries=call.query[0], scaling=call.scaling
+    )
+    driver.observe_reconstruction(view)
+    queries, length = call.query.shape[2], call.key.shape[2]
+    # transformers builds no mask for a registered attention function, and SDPA's own causal mask
+    # aligns the queries with the first keys: query i of the pass sees the cache and itself.
+    rows = torch.arange(length - queries, length, device=call.query.device)
+    mask = torch.arange(length, device=call.query.device)[None, :] <= rows[:, None]
+    return dataclasses.replace(call, mask=mask[None, None]).sdpa()
+
+
+def _prefill(state: StepState, call: Call) -> tuple[Tensor, Tensor | None]:
+    driver, layer = state.driver, call.layer
+    if state.cache is not None:
+        state.peak_bytes = max(state.peak_bytes, kv_cache.cache_bytes(state.cache))
+    if driver.reconstructing is not None:
+        return _reconstruction(state, call)
+    result = call.sdpa()
+    if wanted := driver.prefill_queries:
+        queries = call.query[0, :, -wanted:]
+        positions = driver.positions[layer]
+        view = LayerView(layer, call.key[0], call.value[0], positions, queries=queries, scaling=call.scaling)
+        keep = driver.observe_prefill(view)
+        if keep is not None:
+            kv_cache.evict_layer(state.cache, layer, keep)
+    return result
+
+
 def _forward(state: StepState, call: Call) -> tuple[Tensor, Tensor | None]:
     if call.query.shape[0] != 1:
         return call.sdpa()
-    driver, layer = state.driver, call.layer
-    key, value, positions = call.key[0], call.value[0], driver.positions[layer]
     if call.query.shape[2] > 1:
-        if wanted := driver.prefill_queries:
-            queries = call.query[0, :, -wanted:]
-            driver.observe_prefill(LayerView(layer, key, value, positions, queries=queries, scaling=call.scaling))
-        return call.sdpa()
+        return _prefill(state, call)
+    driver, layer = state.driver, call.layer
+    positions = driver.positions[layer]
     bias = driver.bias(layer)
     weights = None
-    if not driver.attention and bias is None:
-        output, _ = call.sdpa()
-    else:
-        output, weights = single_query_attention(call.query, call.key, call.value, call.scaling, bias)
+    if isinstance(positions, tuple):
+        lengths = [row.numel() for row in positions]
+        key, value = kv_cache.head_views(call.key, lengths), kv_cache.head_views(call.value, lengths)
+        output, weights = ragged_single_query_attention(call.query, key, value, call.scaling, bias)
         state.attention_calls[layer] = state.attention_calls.get(layer, 0) + 1
+    else:
+        key, value = call.key[0], call.value[0]
+        if not driver.attention and bias is None:
+            output, _ = call.sdpa()
+        else:
+            output, weights = single_query_attention(call.query, call.key, call.value, call.scaling, bias)
+            state.attention_calls[layer] = state.attention_calls.get(layer, 0) + 1
     if driver.observing:
         view = LayerView(layer, key, value, positions, weights=weights, queries=call.query[0], scaling=call.scaling)
         driver.observe(view)

@@ -44,7 +44,7 @@ from harness.world import MethodPolicy
 from methods.base import EvictionMethod
 from methods.full import FullCache
 from methods.selection import check_rho
-from tasks.base import Example, Task, TaskProtocol
+from tasks.base import Call, CallResult, Example, Task, TaskProtocol
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,58 @@ def stop_on_strings(tokenizer: Any, strings: list[str]) -> Callable[[list[int]],
     return lambda tokens: any(s in tokenizer.decode(tokens[-16:], skip_special_tokens=True) for s in strings)
 
 
+def check_call(config: PretrainedConfig, method: EvictionMethod, call: Call, what: str) -> None:
+    """Refuse a call the model or the method cannot serve (``check_sequence``), or that would not measure the method.
+
+    A ranked continuation (a multiple-choice option) is scored from the prompt's prefill before
+    the method evicts anything, its first tokens on the full cache: where the budget is below
+    the prompt, the ranking would measure the full cache, not the method.
+    """
+    check_sequence(config, method, len(call.input_ids), call.max_new_tokens, what)
+    budget = method.budget()
+    if call.ranked and budget is not None and budget < len(call.input_ids):
+        raise ValueError(
+            f"{what}: a multiple-choice option is scored from the {len(call.input_ids)}-token prompt's prefill, before"
+            f" method={method.name} evicts it to B={budget}, so the choice would measure the full cache — use a"
+            f" generative variant of the task, rho=0, or method.selection.budget_tokens={len(call.input_ids)} or more"
+        )
+
+
+def generate_call(engine: Engine, call: Call, tokenizer: Any, stops: set[int], seed: int, example_id: str) -> Any:
+    """Serve one ``Call`` on ``engine``, under the call's own sampling when it has one."""
+    sampling = engine.sampling
+    if call.sampling is not None:
+        engine.sampling = Sampling(**call.sampling)
+    try:
+        return engine.generate(
+            call.input_ids,
+            call.max_new_tokens,
+            stop_token_ids=stops,
+            stop=stop_on_strings(tokenizer, call.stop_strings),
+            seed=example_seed(seed, call.seed_key or example_id),
+            forced=call.forced_ids,
+        )
+    finally:
+        engine.sampling = sampling
+
+
+# Summed over the calls of a ``CALLS`` example; every other record figure is its largest call's.
+SUMMED_FIELDS = ("prefill_s", "decode_s", "score_s", "evict_s", "new_tokens")
+
+
+def calls_outcome(generations: list[Any]) -> dict[str, Any]:
+    """The record figures of an example made of several calls: times and tokens summed, sizes the largest call's."""
+    largest = max(generations, key=lambda generation: generation.kv_bytes_full)
+    outcome = {name: getattr(largest, name) for name in NUMERIC_FIELDS if hasattr(largest, name)}
+    for name in SUMMED_FIELDS:
+        outcome[name] = sum(getattr(generation, name) for generation in generations)
+    steps = sum(max(generation.new_tokens - 1, 0) for generation in generations)
+    outcome["decode_tokens_per_s"] = steps / outcome["decode_s"] if outcome["decode_s"] > 0 else None
+    outcome["max_cache_len"] = max(generation.max_cache_len for generation in generations)
+    outcome["calls"] = len(generations)
+    return outcome
+
+
 def make_record(
     cfg: DictConfig, run: RunId, identity: Identity, task: Task, example: Example, outcome: dict[str, Any]
 ) -> dict[str, Any]:
@@ -225,8 +277,30 @@ def prepare(cfg: DictConfig) -> Plan:
         if model_config is not None:
             for example in examples:
                 what = f"example {example.example_id}"
-                check_sequence(model_config, method, len(example.input_ids), example.max_new_tokens, what)
+                if task.protocol is not TaskProtocol.CALLS:
+                    check_sequence(model_config, method, len(example.input_ids), example.max_new_tokens, what)
+                    continue
+                _check_calls(cfg, example, what)
+                for index, call in enumerate(example.calls):
+                    check_call(model_config, method, call, f"{what} call {index}")
     return Plan(cfg, task, method, spec, tokenizer, model_config, run, identity, examples, results / str(run))
+
+
+def _check_calls(cfg: DictConfig, example: Example, what: str) -> None:
+    """Refuse run options that an example made of calls cannot honour."""
+    if (
+        any(call.sampling is not None for call in example.calls)
+        and Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True)) != Sampling()
+    ):
+        raise ValueError(
+            f"sampling={OmegaConf.to_container(cfg.sampling)}: {what} samples as its task says (lm-eval's generation"
+            " arguments) — set task.gen_kwargs='{do_sample: true, temperature: 0.6}' instead of sampling.*"
+        )
+    if cfg.diagnostics and len(example.calls) > 1:
+        raise ValueError(
+            f"diagnostics=true traces one sequence per record and {what} makes {len(example.calls)} calls"
+            " — run diagnostics on a task with one generation per document"
+        )
 
 
 def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callable[[Example], dict], Any]:
@@ -239,7 +313,7 @@ def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callabl
     cfg, task, tokenizer = plan.cfg, plan.task, plan.tokenizer
     model = load_model(plan.spec)
     sampling = Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True))
-    engine = Engine(model, plan.method, sampling)
+    engine = Engine(model, plan.method, sampling, tokenizer=tokenizer)
     # Attached before the first sequence: the recorder wraps the method's scorer.
     recorder = RetentionRecorder.attach(engine) if diagnostics is not None else None
     stops = stop_token_ids(model, tokenizer)
@@ -257,13 +331,37 @@ def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callabl
             min_new_tokens=example.min_new_tokens,
         )
 
+    def run_calls(example: Example) -> dict[str, Any]:
+        generations = [
+            generate_call(engine, call, tokenizer, stops, cfg.seed, example.example_id) for call in example.calls
+        ]
+        if recorder is not None:
+            diagnostics.append(recorder.finish(example.example_id, example.subtask))
+        results = [
+            CallResult(
+                text=tokenizer.decode(generation.tokens, skip_special_tokens=True) if call.forced_ids is None else "",
+                logprobs=generation.target_logprobs,
+                greedy=generation.target_greedy,
+            )
+            for call, generation in zip(example.calls, generations, strict=True)
+        ]
+        scored = task.score_calls(results, example)
+        return {"prediction": scored.prediction, "metrics": scored.metrics, **calls_outcome(generations), **scored.meta}
+
     def run_one(example: Example) -> dict[str, Any]:
+        if task.protocol is TaskProtocol.CALLS:
+            return run_calls(example)
         generation = generate(engine, example)
         if recorder is not None:
             diagnostics.append(recorder.finish(example.example_id, example.subtask))
         prediction = tokenizer.decode(generation.tokens, skip_special_tokens=True)
         outcome = {name: getattr(generation, name) for name in NUMERIC_FIELDS if hasattr(generation, name)}
         outcome["max_cache_len"] = generation.max_cache_len
+        outcome |= generation.method_report
+        if "pattern_positions" in generation.method_report:
+            # A retention pattern names sequence positions; the record keeps their tokens for the figure.
+            sequence = example.input_ids + generation.tokens
+            outcome["pattern_tokens"] = [tokenizer.decode([sequence[p]]) for p in outcome["pattern_positions"]]
         if task.protocol is TaskProtocol.TEACHER_FORCED:
             metrics = task.score_logprobs(generation.target_logprobs, example)
         else:

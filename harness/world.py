@@ -6,6 +6,8 @@ one-layer model whose KV heads are the dialogs. The world fixes the budget, so a
 ``selection`` gets ``budget_tokens`` (its config's ``rho`` is of a prompt, meaningless here),
 and, when several dialogs run at once, per-head granularity: in a one-layer one-head world
 token, layer and head granularity coincide, and per-head state keeps the dialogs apart.
+A world step that brings a whole turn is one driver step of that many tokens: its queries'
+causal weights stand where a decode step's query group would (``methods.base.LayerView``).
 """
 
 from __future__ import annotations
@@ -51,17 +53,19 @@ class MethodPolicy:
     def positions(self) -> Tensor:
         return self.driver.positions[0]
 
-    def prefill(self, keys: Tensor, values: Tensor, queries: Tensor, scaling: float) -> None:
+    def prefill(self, keys: Tensor, values: Tensor, queries: Tensor, scaling: float, embeddings: Tensor) -> None:
         start = time.perf_counter()
         wanted = self.driver.prefill_queries
         if wanted:
-            view = LayerView(0, keys, values, self.positions, queries=queries[:, -wanted:], scaling=scaling)
+            view = LayerView(
+                0, keys, values, self.positions, queries=queries[:, -wanted:], scaling=scaling, embeddings=embeddings
+            )
             self.driver.observe_prefill(view)
         self.driver.end_prefill()
         self.method_s += time.perf_counter() - start
 
-    def next_step(self) -> None:
-        self.driver.next_step()
+    def next_step(self, tokens: int) -> None:
+        self.driver.next_step(tokens)
 
     def wants_weights(self) -> bool:
         return self.driver.attention
@@ -69,10 +73,27 @@ class MethodPolicy:
     def bias(self) -> Tensor | None:
         return self.driver.bias(0)
 
-    def step(self, keys: Tensor, values: Tensor, weights: Tensor | None, query: Tensor, scaling: float) -> None:
+    def step(
+        self, keys: Tensor, values: Tensor, weights: Tensor | None, queries: Tensor, scaling: float, embeddings: Tensor
+    ) -> None:
         start = time.perf_counter()
         if self.driver.observing:
-            view = LayerView(0, keys, values, self.positions, weights=weights, queries=query, scaling=scaling)
+            view = LayerView(
+                0,
+                keys,
+                values,
+                self.positions,
+                weights=weights,
+                queries=queries,
+                scaling=scaling,
+                embeddings=embeddings,
+            )
             self.driver.observe(view)
         self.driver.end_step()
         self.method_s += time.perf_counter() - start
+
+    def probes(self) -> dict[str, Tensor]:
+        """Per dialog, the state a method exposes after a step through ``probes()`` (FD-KVC: its
+        ownership loss and adaptive rate), as ``(layers, kv_heads)`` tensors; layer 0 here."""
+        probes = getattr(self.driver.method, "probes", None)
+        return {name: value[0] for name, value in probes().items()} if probes is not None else {}

@@ -9,17 +9,24 @@ Call order for one sequence::
 
     begin(info)
     prefill forward  -> observe_prefill(view) per layer, if wants_prefill_queries
+                        keep_prefill_layer(layer, positions) right after it (layer-wise prefill eviction)
+    per reconstruction chunk, if reconstruction():   # KVzip's context-reconstruction passes
+        forward      -> observe_reconstruction(view, start, end) per layer
     keep(step=0, positions)                  # prefill-time methods evict here
     for step t = 1, 2, ...:                  # one query per forward
         forward      -> observe(view) per layer, if observes(t)
                         logit_bias(layer, positions) per layer
         keep(step=t, positions)              # decode-time methods evict here
+
+A caller whose steps bring several tokens at once (the dialog world's whole turns) advances
+``t`` by their count, so ``prefill_len + t`` is always the number of tokens seen.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -35,6 +42,11 @@ class SequenceInfo:
         max_new_tokens: upper bound on generated tokens.
         seed: per-sequence seed for stochastic methods.
         device: where the cache lives.
+        rope_inv_freq: the model's RoPE inverse frequencies ``(head_dim / 2,)``, and
+        rope_scale: the factor its cos/sin carry (``attention_scaling``): a method that needs the
+            rotation of positions not yet seen (Expected Attention) computes it from these. None
+            before the weights load and outside a model (the dialog world).
+        dtype: the dtype of the cached keys and values (float32 before the weights load).
     """
 
     prefill_len: int
@@ -44,11 +56,22 @@ class SequenceInfo:
     max_new_tokens: int
     seed: int = 0
     device: torch.device = torch.device("cpu")
+    rope_inv_freq: Tensor | None = None
+    rope_scale: float = 1.0
+    dtype: torch.dtype = torch.float32
+
+
+#: One tensor per KV head, ``(T_h, ...)``: a ragged layer, whose heads hold different counts.
+PerHead = tuple[Tensor, ...]
 
 
 @dataclass
 class LayerView:
     """One attention layer at one step, as the method sees it.
+
+    On a ragged layer (per-head counts differ, after a per-head budget such as AdaKV's) ``keys``,
+    ``values``, ``positions`` and ``weights`` are ``PerHead`` tuples, entry h holding head h's
+    ``(T_h, head_dim)``, ``(T_h,)`` or ``(group, T_h)``.
 
     Parameters:
         layer: layer index.
@@ -56,24 +79,51 @@ class LayerView:
         positions: absolute position of every cached entry, ``(kv_heads, T)``.
         weights: softmax attention of the current query, ``(kv_heads, group, T)``, where
             ``group`` is the number of query heads sharing one KV head; ``None`` when the
-            scorer asked for no attention.
+            scorer asked for no attention. A step that brings Q tokens at once (the dialog
+            world's whole turns, one query head per KV head) passes its Q queries' causal
+            weights there instead, so a scorer pools them as it pools a group.
         queries: query rows after RoPE, ``(query_heads, Q, head_dim)``: the trailing prompt
-            queries at the prefill, the current query (Q = 1) at a decode step.
+            queries at the prefill, the current query (Q = 1) at a decode step, the step's
+            queries when it brings several tokens.
         scaling: the softmax temperature the model uses (``1/sqrt(head_dim)`` usually).
+        embeddings: the cached entries' own token vectors, ``(kv_heads, T, dim)``, where the
+            caller has them (the dialog world, whose tokens are embeddings; None on a model).
     """
 
     layer: int
-    keys: Tensor
-    values: Tensor
-    positions: Tensor
-    weights: Tensor | None = None
+    keys: Tensor | PerHead
+    values: Tensor | PerHead
+    positions: Tensor | PerHead
+    weights: Tensor | PerHead | None = None
     queries: Tensor | None = None
     scaling: float = 1.0
+    embeddings: Tensor | None = None
 
 
-#: Per layer, indices into that layer's cached entries to keep: ``(T',)`` for a set shared
-#: by all KV heads, or ``(kv_heads, T')`` for a per-head set (same count for every head).
-KeepPlan = list[Tensor]
+#: What one layer keeps, as indices into its cached entries: ``(T',)`` for a set shared by all
+#: KV heads, ``(kv_heads, T')`` for per-head sets of one count, or a ``PerHead`` tuple of
+#: ``(T'_h,)`` indices when the counts differ (the layer is then stored ragged).
+LayerKeep = Tensor | PerHead
+
+#: Per layer, what to keep.
+KeepPlan = list[LayerKeep]
+
+
+@dataclass(frozen=True)
+class Reconstruction:
+    """Context-reconstruction passes a method asks for after the prefill (KVzip, Kim et al. 2025).
+
+    The prompt is cut into chunks of ``chunk`` tokens; for each, the model reads the chunk again
+    after an instruction to repeat it (``first`` before the first chunk, ``later`` plus the last
+    ``overlap`` tokens of the previous chunk before the others), in the chat template's answer
+    turn, with the prompt's cache in front. The harness tokenizes the instructions; the passes'
+    entries are dropped afterwards.
+    """
+
+    chunk: int
+    first: str
+    later: str
+    overlap: int
 
 
 class EvictionMethod(ABC):
@@ -101,6 +151,25 @@ class EvictionMethod(ABC):
     def observe_prefill(self, view: LayerView) -> None:
         """See one layer of the prefill (``view.queries`` holds the trailing queries)."""
 
+    def keep_prefill_layer(self, layer: int, positions: Tensor) -> LayerKeep | None:
+        """Right after ``observe_prefill`` of ``layer``: what that layer keeps, or None.
+
+        A method answering here evicts layer by layer inside the prefill forward (kvpress's
+        presses), so the cache never holds the whole prompt in every layer at once.
+        """
+        return None
+
+    def reconstruction(self) -> Reconstruction | None:
+        """The context-reconstruction passes to run after the prefill for this sequence, or None."""
+        return None
+
+    def observe_reconstruction(self, view: LayerView, start: int, end: int) -> None:
+        """See one layer of the pass that reconstructs prompt positions ``start .. end - 1``.
+
+        ``view.keys``/``values`` hold the prompt's entries followed by the pass's own,
+        ``view.positions`` the prompt's, ``view.queries`` every query of the pass.
+        """
+
     def observe(self, view: LayerView) -> None:
         """See one layer of a decode step."""
 
@@ -116,5 +185,15 @@ class EvictionMethod(ABC):
     def keep(self, step: int, positions: list[Tensor]) -> KeepPlan | None:
         """After the prefill (step 0) or decode step ``step``: what to keep, or None for all.
 
-        ``positions[layer]`` is ``(kv_heads, T)``, the absolute positions now cached.
+        ``positions[layer]`` is ``(kv_heads, T)``, the absolute positions now cached (a
+        ``PerHead`` tuple on a ragged layer).
         """
+
+    def state_bytes(self) -> int:
+        """Bytes of per-sequence state the method holds beside the cache and must count as cache memory
+        (a recurrent scorer's state); bookkeeping over positions (score vectors) is not counted."""
+        return 0
+
+    def report(self) -> dict[str, Any]:
+        """What the method measured about the sequence just finished, for the record's ``meta``."""
+        return {}

@@ -5,7 +5,12 @@ tests all serve a method through ``Driver``, so the order of ``methods.base`` is
 
     driver = Driver(method, info)          # begin(info); every layer caches the prompt
     prefill forward, per layer:
-        driver.observe_prefill(view)       # only if driver.prefill_queries > 0
+        driver.observe_prefill(view)       # only if driver.prefill_queries > 0; returns the
+                                           # layer's keep, if the method evicts layer by layer
+    per driver.reconstruction chunk (start, end):
+        driver.begin_reconstruction(start, end)
+        forward, per layer: driver.observe_reconstruction(view)
+        driver.end_reconstruction()        # the caller drops the pass's entries
     plan = driver.end_prefill()            # keep(0); positions follow the plan
     per decode step:
         driver.next_step()                 # the new token's position is cached; flags for this step
@@ -15,7 +20,10 @@ tests all serve a method through ``Driver``, so the order of ``methods.base`` is
         plan = driver.end_step()           # keep(t); positions follow the plan
 
 The caller applies each plan to its own storage (the engine gathers the model's cache); the
-driver keeps the absolute positions cached per layer and the time spent inside the method.
+driver keeps the absolute positions cached per layer and the time spent inside the method. A
+layer is ragged (its positions a ``PerHead`` tuple) exactly while its heads hold different
+counts: a per-head keep of equal counts is stacked back into one tensor (``as_keep``), and the
+cache follows the same rule.
 """
 
 from __future__ import annotations
@@ -26,12 +34,30 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
+from methods.base import EvictionMethod, KeepPlan, LayerKeep, LayerView, PerHead, Reconstruction, SequenceInfo
 
 
-def gather_positions(positions: Tensor, index: Tensor) -> Tensor:
-    """The kept columns of ``(kv_heads, T)`` positions: ``index`` ``(T',)`` shared or ``(kv_heads, T')``."""
-    return positions.index_select(1, index) if index.dim() == 1 else positions.gather(1, index)
+def as_keep(index: LayerKeep) -> LayerKeep:
+    """``index`` with per-head indices of one count stacked into ``(kv_heads, T')``; ragged ones stay a tuple."""
+    if isinstance(index, tuple) and len({row.numel() for row in index}) == 1:
+        return torch.stack(index)
+    return index
+
+
+def gather_positions(positions: Tensor | PerHead, index: LayerKeep) -> Tensor | PerHead:
+    """The kept columns of ``(kv_heads, T)`` positions (or per-head rows): ``index`` shared, per head, or ragged."""
+    if isinstance(index, Tensor) and not isinstance(positions, tuple):
+        return positions.index_select(1, index) if index.dim() == 1 else positions.gather(1, index)
+    if isinstance(index, Tensor) and index.dim() == 1:
+        raise ValueError("a keep set shared by all KV heads cannot index a ragged layer — keep per head")
+    return as_keep(tuple(row.index_select(0, keep) for row, keep in zip(positions, index, strict=True)))
+
+
+def append_newest(positions: Tensor | PerHead, newest: Tensor) -> Tensor | PerHead:
+    """Positions with ``newest`` ``(kv_heads, k)`` appended to every head."""
+    if isinstance(positions, tuple):
+        return tuple(torch.cat([row, new]) for row, new in zip(positions, newest, strict=True))
+    return torch.cat([positions, newest], dim=1)
 
 
 def _per_layer(
@@ -77,16 +103,40 @@ class Driver:
         self.observing = False
         self.attention = False
         self.score_s = 0.0
+        self.reconstructing: tuple[int, int] | None = None
 
     @property
     def prefill_queries(self) -> int:
         """How many trailing prompt queries the method observes at the prefill (0: none)."""
         return self.method.wants_prefill_queries
 
-    def observe_prefill(self, view: LayerView) -> None:
+    def observe_prefill(self, view: LayerView) -> LayerKeep | None:
+        """Observe one prefill layer; what the layer keeps now if the method evicts layer by layer."""
         start = time.perf_counter()
         self.method.observe_prefill(view)
+        keep = self.method.keep_prefill_layer(view.layer, self.positions[view.layer])
+        if keep is not None:
+            keep = as_keep(keep)
+            self.positions[view.layer] = gather_positions(self.positions[view.layer], keep)
         self.score_s += time.perf_counter() - start
+        return keep
+
+    @property
+    def reconstruction(self) -> Reconstruction | None:
+        """The context-reconstruction passes the method asks for after the prefill, if any."""
+        return self.method.reconstruction()
+
+    def begin_reconstruction(self, start: int, end: int) -> None:
+        """The next forward reconstructs prompt positions ``start .. end - 1``."""
+        self.reconstructing = (start, end)
+
+    def observe_reconstruction(self, view: LayerView) -> None:
+        begin = time.perf_counter()
+        self.method.observe_reconstruction(view, *self.reconstructing)
+        self.score_s += time.perf_counter() - begin
+
+    def end_reconstruction(self) -> None:
+        self.reconstructing = None
 
     def end_prefill(self) -> KeepPlan | None:
         """The prefill-time keep plan; the time spent here belongs to the prefill, not to decoding."""
@@ -94,11 +144,12 @@ class Driver:
         self.score_s = 0.0
         return plan
 
-    def next_step(self) -> None:
-        """Start the next decode step: its token's position joins every layer's cache."""
-        self.step += 1
-        newest = torch.full((self.info.num_kv_heads, 1), self.info.prefill_len + self.step - 1, device=self.info.device)
-        self.positions = _per_layer(lambda p, _: torch.cat([p, newest], dim=1), self.positions)
+    def next_step(self, tokens: int = 1) -> None:
+        """Start the next decode step: its ``tokens`` tokens' positions join every layer's cache."""
+        first = self.info.prefill_len + self.step
+        self.step += tokens
+        newest = torch.arange(first, first + tokens, device=self.info.device).expand(self.info.num_kv_heads, -1)
+        self.positions = _per_layer(lambda p, _: append_newest(p, newest), self.positions)
         self.observing = self.method.observes(self.step)
         self.attention = self.method.needs_attention(self.step)
 
@@ -119,5 +170,6 @@ class Driver:
         plan = self.method.keep(self.step, self.positions)
         self.score_s += time.perf_counter() - start
         if plan is not None:
+            plan = [as_keep(index) for index in plan]
             self.positions = _per_layer(gather_positions, self.positions, plan)
         return plan

@@ -1,10 +1,10 @@
 """FD-KVC (Fractional Decay KV-Cache, arXiv 2608.18098): ownership-aware eviction for dialogs.
 
-Every cached entry carries a cumulative-attention channel ``c``
-(H2O-like) and a recency-relevance channel ``recency`` that forgets by ``gamma`` per turn and is
-reinforced by the entry's affinity to the turn's mean query, at a rate that slows down when
-the cache's ownership is uncertain. Eviction ranks by the hybrid ``h``; the kept entries'
-attention is modulated by ``(0.5 + 0.5 * recency_hat) ** beta``, applied as an additive logit bias.
+Every cached entry carries a cumulative-attention channel ``c`` (H2O-like) and a
+recency-relevance channel ``recency`` (the paper's ρ) that forgets by ``gamma`` per turn and is
+reinforced by the entry's relevance to the turn, at a rate that slows down when the cache's
+ownership is uncertain. Eviction ranks by the hybrid ``h``; the kept entries' attention is
+modulated by ``(0.5 + 0.5 * recency_hat) ** beta``, applied as an additive logit bias.
 """
 
 from __future__ import annotations
@@ -18,44 +18,69 @@ from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
 from methods.options import require_int, require_number
 from methods.selection import Selection
 
-RELEVANCE_NORMS = ("relu", "affine", "max")
+RELEVANCE_NORMS = ("minmax", "relu", "affine", "max")
+RELEVANCE_SPACES = ("embeddings", "keys")
+RECENCY_INITS = ("cosine", "one")
+C_UPDATES = ("mean_query", "attention", "step")
+RATES = ("previous", "current")
+NORMALISE_OVER = ("cached", "with_turn")
+_EPS = 1e-8
 
 
 @dataclass
 class FDKVC(EvictionMethod):
     """FD-KVC (arXiv 2608.18098): hybrid cumulative-attention / recency-relevance eviction.
 
-    Per cached entry (state over absolute positions, like ``ScoredEviction``):
+    At every turn end (Algorithm 1), per layer and KV head, for the entries cached before the turn:
 
-    - ``c``: cumulative attention (mean over a KV head's query group); every entry starts at
-      ``c = 1`` when it enters the cache. At each turn end the turn's mean attention is added
-      (per-turn update, the paper's unit of time); ``c_every_step=True`` adds every decode
-      step's attention instead (H2O's rule, which lets old entries outgrow new ones by
+    1. ``c += softmax(q_mean . k / sqrt(d))`` over them, ``q_mean`` the turn's mean query (Eq. 1);
+    2. ``recency *= gamma`` (Eq. 2);
+    3. ``recency += alpha_t * r`` with ``r`` the min-max-normalised cosine between an entry and
+       the turn's mean query embedding (Eqs. 3-4);
+    4. ``h = w_c * c / max c + w_recency * recency`` (Eq. 5), the ownership loss
+       ``L = mean h_hat (1 - h_hat)`` and the rate ``alpha = alpha0 / (1 + mu * L)`` (Eqs. 6-7);
+    5. entries with ``h < tau * max h`` are dropped (Eq. 8);
+
+    then the turn's own entries are inserted with ``c = 1`` and ``recency = max(cos, 0)`` (line
+    17: ρ proportional to the cosine), and the top ``B`` by ``h`` are kept (``selection``'s sinks
+    and recent window protected; equal ``h``: the newer entry wins). Every cached entry's logit
+    gets ``beta * log(0.5 + 0.5 * recency / max recency)`` (Eq. 9).
+
+    A turn is ``turn_length`` decode steps, or a world step that brings a whole turn at once
+    (the dialog world). Between turn ends (decoding on a model) the budget is still held at
+    every step: an entry that has just joined ranks with ``c = 1`` and the cosine to the turn's
+    mean so far. The prompt is the first turn; its mean query is that of its last
+    ``turn_length`` queries. A sequence's last decode step closes its turn, however short.
+
+    Readings where the paper is ambiguous, each one option away from the earlier one:
+
+    - ``relevance_space``: the cosine of Eq. 4 between the entries' token embeddings and the
+      turn's mean token embedding (``embeddings``: Appendix B keeps the embeddings beside the
+      keys for this; used where the caller has them, the dialog world, else keys), or between
+      keys and the turn's mean query (``keys``).
+    - ``relevance``: ``minmax`` (Eq. 4), ``relu`` (``max(cos, 0)``), ``affine``
+      (``(1 + cos) / 2``), ``max`` (``max(cos, 0) / max``).
+    - ``normalise_over``: the entries whose cosines set Eq. 4's min and max: those cached before
+      the turn (``cached``: Algorithm 1 reinforces before it inserts the turn's entries), or
+      those and the turn's own (``with_turn``). After a topic shift the cached entries are all
+      of the old topic, so ``cached`` still spreads them over [0, 1].
+    - ``recency_init``: ``cosine`` (Algorithm 1 as above) or ``one``: every entry enters at
+      ``c = 1, recency = 1`` when it joins and the turn end updates every cached entry, the
+      turn's own too.
+    - ``c_update``: ``mean_query`` (Eq. 1), ``attention`` (the turn's mean per-step attention
+      weights), ``step`` (every step's weights added, as H2O: old entries outgrow new ones by
       ``turn_length`` times more per turn).
-    - ``recency``: the recency-relevance channel (the paper's ρ), starts at 1; at every turn end
-      ``recency <- clip(gamma * recency + alpha_t * s, 0, 1)`` with ``s`` the normalised cosine between
-      the entry's key and the turn's mean query, and ``alpha_t = alpha0 / (1 + mu * L_t)``,
-      ``L_t = mean(h_hat * (1 - h_hat))`` the ownership loss of the cache before the update
-      (``h_hat = h / max h``).
-    - ``h = w_c * c / max(c) + w_recency * recency``; entries with ``h < tau * max(h)`` are dropped, then
-      the top ``B`` by ``h`` are kept (``selection``'s sinks and recent window are protected).
-    - ``logit_bias = beta * log(0.5 + 0.5 * recency / max(recency))`` on every cached entry.
-
-    Choices where the paper is silent (see the issue 4 report):
-
-    - ``recency`` is clipped to [0, 1] so that it stays on the scale of ``c / max c`` in ``h``;
-      without the clip the steady state ``alpha * s / (1 - gamma)`` exceeds 1.
-    - ``relevance="relu"``: ``s = max(cos, 0)``; ``"affine"``: ``(1 + cos) / 2``; ``"max"``:
-      ``max(cos, 0) / max_j max(cos_j, 0)``.
-    - A turn is ``turn_length`` decode steps; the prompt counts as one turn whose mean query is
-      the mean of its last ``turn_length`` queries (``observe_prefill``). For single-turn tasks
-      this is the per-chunk schedule (a recency update every ``turn_length`` decode steps).
-    - The turn's mean query is the mean of the decode queries seen in ``LayerView.queries``
-      (mean over the query heads of a KV head).
-    - Per-KV-head keep sets must have one size for all heads (physical gather), so with
-      ``granularity="head"`` the threshold drops entries only down to the largest number of
-      entries any head keeps above its threshold; with one head (the dialog world) or one
-      keep set per layer it is exact.
+    - ``rate``: ``previous`` (Algorithm 1's order: line 10 reinforces with the rate line 14
+      computed at the previous turn end, ``alpha0`` at first) or ``current`` (from ``h`` after
+      the ``c`` update and before the decay).
+    - ``recency_clip``: clip ``recency`` to [0, 1]; the paper does not (its steady state
+      ``alpha * r / (1 - gamma)`` reaches 2.5).
+    - ``prompt_attention``: the prompt's mean query's softmax is added to its entries' ``c``
+      (Algorithm 1 leaves a turn's own entries at ``c = 1``), so the first eviction after a long
+      prompt, which removes most of it, ranks with both channels.
+    - Per-KV-head keep sets have one size for all heads (physical gather): with
+      ``granularity="head"`` the threshold drops entries only down to the largest number any
+      head keeps above its own; with one head, or one keep set per layer, it is exact.
     - No eviction at step 0 (the first decode step sees the whole prompt, as ``ScoredEviction``).
     - With no budget (``rho=0`` and no ``budget_tokens``) and ``beta=0`` the method does
       nothing; with ``beta>0`` and no budget it still tracks the channels and biases attention.
@@ -69,9 +94,10 @@ class FDKVC(EvictionMethod):
         tau: relative threshold on ``h`` below which entries are dropped (0.02).
         beta: strength of the attention modulation; 0 disables the bias (0.25).
         w_c, w_recency: weights of the two channels in ``h`` (0.45, 0.55).
-        turn_length: decode steps per turn (update period of both channels).
-        c_every_step: accumulate ``c`` every decode step instead of once per turn.
-        relevance: normalisation of the cosine, one of ``relu``, ``affine``, ``max``.
+        turn_length: decode steps per turn.
+        relevance, normalise_over, relevance_space, recency_init, c_update, rate, recency_clip,
+            prompt_attention: the readings above (defaults: the earlier ones;
+            ``conf/method/fdkvc.yaml`` names the paper's).
         name: label for records and tables.
     """
 
@@ -85,7 +111,13 @@ class FDKVC(EvictionMethod):
     w_recency: float = 0.55
     turn_length: int = 32
     relevance: str = "relu"
-    c_every_step: bool = False
+    normalise_over: str = "cached"
+    relevance_space: str = "keys"
+    recency_init: str = "one"
+    c_update: str = "attention"
+    rate: str = "current"
+    recency_clip: bool = True
+    prompt_attention: bool = False
     name: str = "fdkvc"
 
     def __post_init__(self) -> None:
@@ -100,11 +132,23 @@ class FDKVC(EvictionMethod):
                 "— use e.g. method.w_c=0.45 method.w_recency=0.55"
             )
         require_int("method.turn_length", self.turn_length, minimum=1, example=32)
-        if self.relevance not in RELEVANCE_NORMS:
-            raise ValueError(
-                f"method.relevance={self.relevance!r} is not a relevance normalisation "
-                f"— use one of {', '.join(RELEVANCE_NORMS)}"
-            )
+        for option, choices, kind in (
+            ("relevance", RELEVANCE_NORMS, "relevance normalisation"),
+            ("normalise_over", NORMALISE_OVER, "set of entries to normalise over"),
+            ("relevance_space", RELEVANCE_SPACES, "relevance space"),
+            ("recency_init", RECENCY_INITS, "recency initialisation"),
+            ("c_update", C_UPDATES, "cumulative-channel update"),
+            ("rate", RATES, "rate timing"),
+        ):
+            if getattr(self, option) not in choices:
+                raise ValueError(
+                    f"method.{option}={getattr(self, option)!r} is not a {kind} — use one of {', '.join(choices)}"
+                )
+        for option in ("recency_clip", "prompt_attention"):
+            if not isinstance(getattr(self, option), bool):
+                raise ValueError(
+                    f"method.{option}={getattr(self, option)!r} is not true or false — use method.{option}=true"
+                )
 
     # ----------------------------------------------------------------- state layout
     def begin(self, info: SequenceInfo) -> None:
@@ -117,19 +161,24 @@ class FDKVC(EvictionMethod):
         self._rows = info.num_kv_heads if granularity == "head" else 1
         shape = (self._layers, self._rows, capacity)
         # Every slot starts at c = 1, recency = 1: a position is only ever touched once cached, so
-        # an entry entering the cache finds its initial values already there.
+        # an entry entering the cache finds the earlier reading's initial values already there.
         self.c = torch.ones(shape, device=info.device)
         self.recency = torch.ones(shape, device=info.device)
-        # Per-turn accumulators, per model layer and KV head (queries live in per-layer spaces).
+        # What the turn's observations leave for its end, per state layer and position: the
+        # increment of c and the cosine of Eq. 4 (layers of a shared state add their shares).
+        self._gain = torch.zeros(shape, device=info.device)
+        self._cosine = torch.zeros(shape, device=info.device)
+        self._alpha = torch.full((self._layers, self._rows), self.alpha0, device=info.device)
+        # Per model layer: the turn's query sum (per KV head) and count, and its embedding sum.
         self._query_sum: list[Tensor | None] = [None] * info.num_layers
         self._query_count = [0] * info.num_layers
-        self._step = -1
+        self._embedding_sum: list[Tensor | None] = [None] * info.num_layers
+        self._observations = 0
+        self._step = 0
+        self._upcoming = 0
+        # First position of the turn under way: the prompt is the first turn.
         self._turn_start = 0
-        # The relevance s of the turn, reduced to state rows, applied in keep() once every
-        # layer has contributed.
-        self._relevance = torch.zeros(shape, device=info.device)
-        self._attention_sum = torch.zeros(shape, device=info.device)
-        self._relevance_pending = False
+        self._turn_pending = False
         self.last_alpha: Tensor | None = None
         self.last_loss: Tensor | None = None
 
@@ -141,10 +190,19 @@ class FDKVC(EvictionMethod):
         return self.turn_length if getattr(self, "_active", False) else 0
 
     def observes(self, step: int) -> bool:
+        # The driver asks this as step ``step`` starts: the step observe() will see.
+        self._upcoming = step
         return self._active
 
     def needs_attention(self, step: int) -> bool:
-        return self._active
+        return self._active and self.c_update != "mean_query"
+
+    def probes(self) -> dict[str, Tensor]:
+        """The last turn end's ownership loss and rate, ``(layers, rows)`` (NaN before any)."""
+        if self.last_loss is None:
+            nan = torch.full((self._layers, self._rows), float("nan"))
+            return {"ownership_loss": nan, "rate": nan}
+        return {"ownership_loss": self.last_loss, "rate": self.last_alpha}
 
     def _state_layer(self, layer: int) -> int:
         return 0 if self._layers == 1 else layer
@@ -154,10 +212,14 @@ class FDKVC(EvictionMethod):
 
     def _to_rows(self, per_head: Tensor) -> Tensor:
         """``(kv_heads, T)`` -> ``(rows, T)``: heads pooled unless the state is per head."""
-        return per_head if self._rows > 1 else per_head.mean(dim=0, keepdim=True)
+        rows = per_head if self._rows > 1 else per_head.mean(dim=0, keepdim=True)
+        # Token granularity: one shared state, each layer contributes its share.
+        return rows / self.info.num_layers if self._layers == 1 and self.info.num_layers > 1 else rows
 
     def _turn_end(self, step: int) -> bool:
-        return step > 0 and step % self.turn_length == 0
+        # A step that brings several tokens at once is a whole turn (the dialog world's).
+        whole_turn = step - self._step > 1
+        return step > 0 and (whole_turn or step % self.turn_length == 0 or step >= self.info.max_new_tokens)
 
     # ----------------------------------------------------------------- channels
     def hybrid(self, c: Tensor, recency: Tensor) -> Tensor:
@@ -165,110 +227,181 @@ class FDKVC(EvictionMethod):
         c_hat = c / c.amax(dim=-1, keepdim=True).clamp_min(1e-12)
         return self.w_c * c_hat + self.w_recency * recency
 
-    def rate(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """``(alpha_t, L_t)`` per row from the hybrid scores ``(rows, T)`` of the cached entries."""
-        h_hat = h / h.amax(dim=-1, keepdim=True).clamp_min(1e-12)
-        loss = (h_hat * (1.0 - h_hat)).mean(dim=-1)
-        return self.alpha0 / (1.0 + self.mu * loss), loss
-
-    def _normalise(self, cosine: Tensor) -> Tensor:
+    def normalise(self, cosine: Tensor, among: Tensor) -> Tensor:
+        """Relevance ``r`` of ``(rows, T)`` cosines, normalised over the entries ``among`` (a mask)."""
         if self.relevance == "affine":
             return 0.5 * (1.0 + cosine)
+        if self.relevance == "minmax":
+            low = cosine.masked_fill(~among, torch.inf).amin(dim=-1, keepdim=True)
+            high = cosine.masked_fill(~among, -torch.inf).amax(dim=-1, keepdim=True)
+            return ((cosine - low) / (high - low + _EPS)).clamp(0.0, 1.0)
         positive = cosine.clamp_min(0.0)
         if self.relevance == "max":
-            return positive / positive.amax(dim=-1, keepdim=True).clamp_min(1e-12)
+            return positive / positive.masked_fill(~among, 0.0).amax(dim=-1, keepdim=True).clamp_min(1e-12)
         return positive
 
-    def _add_relevance(self, layer: int, positions: Tensor, per_head: Tensor) -> None:
-        rows = self._to_rows(per_head)
-        if self._layers == 1 and self.info.num_layers > 1:
-            # Token granularity: one shared state, each layer contributes its share.
-            rows = rows / self.info.num_layers
-        target = self._relevance[self._state_layer(layer)]
-        target.scatter_add_(1, self._row_positions(positions), rows)
-        self._relevance_pending = True
-
-    def _turn_relevance(self, layer: int, keys: Tensor, positions: Tensor) -> None:
-        """Relevance ``s`` of every cached entry of ``layer`` to the turn just ended."""
-        mean_query = self._query_sum[layer] / self._query_count[layer]
-        cosine = torch.nn.functional.cosine_similarity(keys.float(), mean_query[:, None, :], dim=-1)
-        self._add_relevance(layer, positions, self._normalise(cosine))
-        self._query_sum[layer] = None
-        self._query_count[layer] = 0
-
-    def _accumulate_query(self, layer: int, queries: Tensor) -> None:
+    def _accumulate(self, view: LayerView, new: Tensor | None) -> None:
+        """Add the step's queries (mean over each KV head's group) and its new entries' embeddings to the turn's."""
         kv_heads = self.info.num_kv_heads
-        heads, count, dim = queries.shape
-        # Mean over the query heads of each KV head; sum over the query rows.
-        grouped = queries.float().reshape(kv_heads, heads // kv_heads, count, dim).mean(dim=1).sum(dim=1)
+        heads, count, dim = view.queries.shape
+        grouped = view.queries.float().reshape(kv_heads, heads // kv_heads, count, dim).mean(dim=1).sum(dim=1)
+        layer = view.layer
         previous = self._query_sum[layer]
         self._query_sum[layer] = grouped if previous is None else previous + grouped
         self._query_count[layer] += count
+        if view.embeddings is not None and self.relevance_space == "embeddings":
+            embeddings = view.embeddings.float()
+            added = embeddings.sum(dim=1) if new is None else torch.bmm(new.float()[:, None, :], embeddings)[:, 0]
+            previous = self._embedding_sum[layer]
+            self._embedding_sum[layer] = added if previous is None else previous + added
+
+    def _turn_cosine(self, view: LayerView) -> Tensor:
+        """``(kv_heads, T)`` cosine of every entry to the turn so far (embeddings, or keys vs queries)."""
+        layer = view.layer
+        if self._embedding_sum[layer] is not None:
+            entries, mean = view.embeddings, self._embedding_sum[layer]
+        else:
+            entries, mean = view.keys, self._query_sum[layer]
+        # The sums point where the means do: only their directions matter.
+        unit = torch.nn.functional.normalize(mean, dim=-1, eps=_EPS)
+        dots = torch.bmm(entries.float(), unit[:, :, None])[..., 0]
+        return dots / entries.float().norm(dim=-1).clamp_min(_EPS)
+
+    def _mean_query_softmax(self, view: LayerView, among: Tensor) -> Tensor:
+        """``(kv_heads, T)``: the turn's mean query's softmax over the entries ``among`` (Eq. 1), 0 elsewhere."""
+        mean = self._query_sum[view.layer] / self._query_count[view.layer]
+        logits = torch.einsum("hd,htd->ht", mean, view.keys.float()) * view.scaling
+        return torch.softmax(logits.masked_fill(~among, -torch.inf), dim=-1).nan_to_num(0.0)
+
+    def _record_turn(self, view: LayerView, closing: bool, prompt: bool) -> None:
+        """What this observation leaves for the turn end, or for the newest entries' provisional values."""
+        if not closing and self.recency_init == "one":
+            return
+        state = self._state_layer(view.layer)
+        positions = self._row_positions(view.positions)
+        self._cosine[state].scatter_(1, positions, self._to_rows(self._turn_cosine(view)))
+        if not closing:
+            return
+        everyone = torch.ones_like(view.positions, dtype=torch.bool)
+        before = everyone if self.recency_init == "one" else view.positions < self._turn_start
+        if self.c_update == "mean_query" or (prompt and self.prompt_attention):
+            among = everyone if (prompt and self.prompt_attention) else before
+            self._gain[state].scatter_add_(1, positions, self._to_rows(self._mean_query_softmax(view, among)))
+        self._query_sum[view.layer] = None
+        self._query_count[view.layer] = 0
+        self._embedding_sum[view.layer] = None
 
     def observe_prefill(self, view: LayerView) -> None:
         if view.queries is None:
             return
-        self._accumulate_query(view.layer, view.queries)
-        self._turn_relevance(view.layer, view.keys, view.positions)
+        self._accumulate(view, None)
+        self._record_turn(view, closing=True, prompt=True)
+        self._turn_pending = True
 
     def observe(self, view: LayerView) -> None:
-        if view.weights is None or view.queries is None:
+        if view.queries is None or (view.weights is None and self.c_update != "mean_query"):
             raise ValueError("FD-KVC needs the attention weights and the query of the current step")
-        attention = view.weights.float().mean(dim=1)
-        rows = self._to_rows(attention)
-        state_positions = self._row_positions(view.positions)
-        if self.c_every_step:
-            c = self.c[self._state_layer(view.layer)]
-            c.scatter_(1, state_positions, c.gather(1, state_positions) + rows)
-        else:
-            self._attention_sum[self._state_layer(view.layer)].scatter_add_(1, state_positions, rows)
-        self._accumulate_query(view.layer, view.queries)
-        # observe() at step t always follows keep(t - 1).
-        if self._turn_end(self._step + 1):
-            self._turn_relevance(view.layer, view.keys, view.positions)
+        state = self._state_layer(view.layer)
+        positions = self._row_positions(view.positions)
+        if self.c_update != "mean_query":
+            attention = self._to_rows(view.weights.float().mean(dim=1))
+            if self.c_update == "step":
+                c = self.c[state]
+                c.scatter_(1, positions, c.gather(1, positions) + attention)
+            else:
+                self._gain[state].scatter_add_(1, positions, attention)
+        self._accumulate(view, view.positions >= self.info.prefill_len + self._step)
+        self._record_turn(view, closing=self._turn_end(self._upcoming), prompt=False)
+        self._turn_pending = True
 
-    def _update_channels(self, positions: list[Tensor], steps: int) -> None:
-        """Turn end: add the turn's mean attention to ``c``, then decay and reinforce ``recency``."""
+    def _close_turn(self, positions: list[Tensor]) -> None:
+        """Algorithm 1 at a turn end, for every state layer."""
         alphas, losses = [], []
+        prompt = self._turn_start == 0
         for layer in range(self._layers):
             cached = self._row_positions(positions[layer])
-            recency_rows = self.recency[layer]
-            if not self.c_every_step and steps > 0:
-                c_rows = self.c[layer]
-                turn_mean = self._attention_sum[layer].gather(1, cached) / steps
-                c_rows.scatter_(1, cached, c_rows.gather(1, cached) + turn_mean)
-            c = self.c[layer].gather(1, cached)
+            c_rows, recency_rows = self.c[layer], self.recency[layer]
+            if self.recency_init == "one":
+                before = torch.ones_like(cached, dtype=torch.bool)
+            else:
+                before = cached < self._turn_start
+            gain = self._gain[layer].gather(1, cached)
+            if self.c_update == "attention" and self._observations:
+                gain = gain / self._observations
+            c = torch.where(before, c_rows.gather(1, cached) + gain, c_rows.gather(1, cached))
             recency = recency_rows.gather(1, cached)
-            alpha, loss = self.rate(self.hybrid(c, recency))
-            relevance = self._relevance[layer].gather(1, cached)
-            updated = (self.gamma * recency + alpha[:, None] * relevance).clamp(0.0, 1.0)
-            recency_rows.scatter_(1, cached, updated)
+            cosine = self._cosine[layer].gather(1, cached)
+            relevance = self.normalise(cosine, before if self.normalise_over == "cached" else torch.ones_like(before))
+            if self.rate == "current":
+                alpha, loss = self.adaptive_rate(c, recency, before)
+                used = alpha
+            else:
+                used = self._alpha[layer]
+            updated = self.gamma * recency + used[:, None] * relevance
+            if self.recency_clip:
+                updated = updated.clamp(0.0, 1.0)
+            recency = torch.where(before, updated, recency)
+            if self.rate == "previous":
+                alpha, loss = self.adaptive_rate(c, recency, before)
+                self._alpha[layer] = alpha
+            if self.recency_init == "cosine":
+                c = torch.where(before, c, 1.0 + gain if (prompt and self.prompt_attention) else torch.ones_like(c))
+                recency = torch.where(before, recency, cosine.clamp_min(0.0))
+            c_rows.scatter_(1, cached, c)
+            recency_rows.scatter_(1, cached, recency)
             alphas.append(alpha)
             losses.append(loss)
         self.last_alpha = torch.stack(alphas)
         self.last_loss = torch.stack(losses)
-        self._relevance.zero_()
-        self._attention_sum.zero_()
-        self._relevance_pending = False
+        self._gain.zero_()
+        self._observations = 0
+        self._turn_pending = False
+
+    def adaptive_rate(self, c: Tensor, recency: Tensor, among: Tensor) -> tuple[Tensor, Tensor]:
+        """``(alpha_t, L_t)`` per row (Eqs. 6-7) from the channels ``(rows, T)`` of the entries ``among`` (a mask;
+        a row with none: ``alpha0`` and a NaN loss)."""
+        c_hat = c / c.masked_fill(~among, 0.0).amax(dim=-1, keepdim=True).clamp_min(1e-12)
+        h = (self.w_c * c_hat + self.w_recency * recency).masked_fill(~among, 0.0)
+        h_hat = h / h.amax(dim=-1, keepdim=True).clamp_min(1e-12)
+        count = among.sum(dim=-1)
+        loss = (h_hat * (1.0 - h_hat)).sum(dim=-1) / count.clamp_min(1)
+        return self.alpha0 / (1.0 + self.mu * loss), loss.masked_fill(count == 0, float("nan"))
+
+    def _provisional(self, positions: list[Tensor]) -> None:
+        """Mid-turn: the entries that joined this step rank with ``c = 1`` and the cosine to the turn so far."""
+        first = self.info.prefill_len + self._step
+        for layer in range(self._layers):
+            cached = self._row_positions(positions[layer])
+            cosine = self._cosine[layer].gather(1, cached).clamp_min(0.0)
+            recency = self.recency[layer].gather(1, cached)
+            self.recency[layer].scatter_(1, cached, torch.where(cached >= first, cosine, recency))
 
     # ----------------------------------------------------------------- eviction and bias
     def keep(self, step: int, positions: list[Tensor]) -> KeepPlan | None:
-        self._step = step
         if not self._active:
+            self._step = step
             return None
-        if self._relevance_pending and (step == 0 or self._turn_end(step)):
-            self._update_channels(positions, step - self._turn_start)
-            self._turn_start = step
+        self._observations += step > 0
+        closing = self._turn_pending and (step == 0 or self._turn_end(step))
+        # The entries the threshold tests: those cached before the turn that ends here (Eq. 8
+        # runs before the turn's own are inserted); every entry, every step, in the earlier reading.
+        tested_before = self._turn_start if closing else None
+        if closing:
+            self._close_turn(positions)
+            self._turn_start = self.info.prefill_len + step
+        elif step > 0 and self.recency_init == "cosine":
+            self._provisional(positions)
+        self._step = step
         if self._budget is None or step == 0:
             return None
         seen = self.info.prefill_len + step
         if self.selection.granularity == "token":
-            chosen = self._choose(0, positions[0][:1], seen)
+            chosen = self._choose(0, positions[0][:1], seen, tested_before)
             return None if chosen is None else [chosen[0]] * len(positions)
         plan = []
         for layer, layer_positions in enumerate(positions):
             cached = self._row_positions(layer_positions)
-            chosen = self._choose(layer, cached, seen)
+            chosen = self._choose(layer, cached, seen, tested_before)
             if chosen is None:
                 chosen = torch.arange(cached.shape[-1], device=cached.device)[None].expand_as(cached)
             plan.append(chosen if self._rows > 1 else chosen[0])
@@ -276,17 +409,24 @@ class FDKVC(EvictionMethod):
             return None
         return plan
 
-    def _choose(self, layer: int, cached: Tensor, seen: int) -> Tensor | None:
+    def _choose(self, layer: int, cached: Tensor, seen: int, tested_before: int | None) -> Tensor | None:
         """Sorted indices to keep for the rows ``cached`` ``(rows, T)`` of state layer ``layer``."""
         h = self.hybrid(self.c[layer].gather(1, cached), self.recency[layer].gather(1, cached))
         recent = self.selection.recent(self._budget)
-        protected = (cached < self.selection.sinks) | (cached >= seen - recent)
-        above = (h >= self.tau * h.amax(dim=-1, keepdim=True)) | protected
+        if self.recency_init == "one":
+            tested = torch.ones_like(cached, dtype=torch.bool)
+        elif tested_before is not None:
+            tested = cached < tested_before
+        else:
+            tested = torch.zeros_like(cached, dtype=torch.bool)
+        protected = (cached < self.selection.sinks) | (cached >= seen - recent) | ~tested
+        top = h.masked_fill(~tested, -torch.inf).amax(dim=-1, keepdim=True)
+        above = (h >= self.tau * top) | protected
         # One keep size for every row (per-head sets are gathered into one tensor).
         size = min(self._budget, int(above.sum(dim=-1).max()))
         if size >= cached.shape[-1]:
             return None
-        priority = h.masked_fill(~above, -torch.inf)
+        priority = _ranks_newest_first(h, cached).masked_fill(~above, -torch.inf)
         return self.selection.select(priority, cached, seen, size)
 
     def logit_bias(self, layer: int, positions: Tensor) -> Tensor | None:
@@ -296,3 +436,11 @@ class FDKVC(EvictionMethod):
         recency_hat = recency / recency.amax(dim=-1, keepdim=True).clamp_min(1e-12)
         bias = self.beta * torch.log(0.5 + 0.5 * recency_hat)
         return bias.expand(positions.shape[0], -1)
+
+
+def _ranks_newest_first(h: Tensor, positions: Tensor) -> Tensor:
+    """``(rows, T)`` priorities ordering entries by ``h``, ties broken for the newer position (no two equal)."""
+    newest_first = positions.argsort(dim=-1, descending=True)
+    order = newest_first.gather(-1, h.gather(-1, newest_first).sort(dim=-1, descending=True, stable=True).indices)
+    ranks = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1], device=h.device).expand_as(order))
+    return -ranks.float()

@@ -1,9 +1,13 @@
 """Decode-time eviction composed of scorer x aggregation x selection.
 
 Every decode-time method in the papers is one composition (see ``conf/method/``): TOVA is
-attention x single-step x per-layer; H2O is attention x cumulative x per-head with half the
-budget as recent window; InertiaKV is attention x EMA(0.8) x token with shared state;
-StreamingLLM is recency x single-step x token with four sinks.
+attention x single-step x per-layer (cut at the prefill by the last prompt query, as the
+InertiaKV paper ran it); H2O is attention x cumulative x per-head with half the budget as
+recent window; InertiaKV is attention x EMA(0.8) x token with shared state; StreamingLLM is
+recency x single-step x token with four sinks. InertiaKV's variants are parameters here:
+Lazy-r (``refresh_every``), Score-Free (``score_once``), the first-eviction rescue of its
+App. B (``rescue_fraction``; the static reserve is ``Selection.reserve_fraction``) and the
+fixed target size with a compression interval of its App. D (``compress_every``).
 """
 
 from __future__ import annotations
@@ -15,11 +19,11 @@ from torch import Tensor
 
 from methods.aggregation import Aggregator
 from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
-from methods.options import require_int
+from methods.options import require_int, require_number
 from methods.prompt_attention import prompt_attention_votes
 from methods.scorers.attention import AttentionScorer
 from methods.scorers.base import Scorer
-from methods.selection import Selection
+from methods.selection import Selection, exact_floor
 
 
 @dataclass
@@ -42,6 +46,19 @@ class ScoredEviction(EvictionMethod):
         score_once: observe only at the first decode step and freeze the ranking (Score-Free).
         prefill_attention: observe the attention every prompt query pays each entry (summed over
             the queries) after the prefill, and evict then (H2O). Needs the attention scorer.
+        prefill_window: with ``prefill_attention``, only the last ``prefill_window`` prompt
+            queries vote (0: every prompt query, H2O; 1: the last one, TOVA).
+        decode_eviction: evict during decoding; ``false`` cuts the cache once after the prefill
+            and lets it grow by the generated tokens (kvpress's prefill presses, which the
+            InertiaKV paper ran its TOVA through).
+        compress_every: evict only on decode steps t with t mod c == 0, back to the budget, so
+            the cache grows by up to c - 1 entries in between (kvpress's DecodingPress
+            ``compression_steps``, the compression interval of InertiaKV's Table 11).
+        score_at_compression: with ``compress_every > 1``, observe only on the eviction steps
+            (the scorer-at-compression reading) instead of every step.
+        rescue_fraction: at the first eviction, ``floor(rescue_fraction * B)`` slots go to the
+            entries the state would evict that score highest in any single layer, displacing the
+            lowest-ranked survivors (InertiaKV App. B's first-eviction rescue).
         name: label for records and tables.
 
     Entries inserted on a step without observation start at the mean state of the entries
@@ -54,14 +71,37 @@ class ScoredEviction(EvictionMethod):
     refresh_every: int = 1
     score_once: bool = False
     prefill_attention: bool = False
+    prefill_window: int = 0
+    decode_eviction: bool = True
+    compress_every: int = 1
+    score_at_compression: bool = False
+    rescue_fraction: float = 0.0
     name: str = "scored"
 
     def __post_init__(self) -> None:
         require_int("method.refresh_every", self.refresh_every, minimum=1, example=4)
+        require_int("method.prefill_window", self.prefill_window, minimum=0, example=1)
+        require_int("method.compress_every", self.compress_every, minimum=1, example=10)
+        require_number("method.rescue_fraction", self.rescue_fraction, 0.1, minimum=0.0, maximum=1.0, open_max=True)
         if self.prefill_attention and not isinstance(self.scorer, AttentionScorer):
             raise ValueError(
                 f"method.prefill_attention=true observes attention weights, which {type(self.scorer).__name__} "
                 "does not score — use method/scorer=attention, or method.prefill_attention=false"
+            )
+        if not self.decode_eviction and not self.prefill_attention:
+            raise ValueError(
+                "method.decode_eviction=false without method.prefill_attention=true never evicts"
+                " — set method.prefill_attention=true (evict once after the prefill), or method.decode_eviction=true"
+            )
+        if self.aggregator.adapts and self.selection.granularity != "token":
+            raise ValueError(
+                f"method/aggregator={type(self.aggregator).__name__} adapts alpha from the state shared by all"
+                f" layers, not method.selection.granularity={self.selection.granularity!r} — use granularity=token"
+            )
+        if self.prefill_window and not self.prefill_attention:
+            raise ValueError(
+                f"method.prefill_window={self.prefill_window} chooses prompt queries, which only"
+                " method.prefill_attention=true observes — set it, or method.prefill_window=0"
             )
 
     def begin(self, info: SequenceInfo) -> None:
@@ -72,15 +112,33 @@ class ScoredEviction(EvictionMethod):
         layers = 1 if self.selection.granularity == "token" else info.num_layers
         self.state = torch.zeros(layers, rows, capacity, device=info.device)
         self.scorer.begin(info)
+        self.aggregator.begin(info)
+        self._rescue = 0 if self._budget is None else exact_floor(self.rescue_fraction * self._budget)
+        if self._rescue:
+            protected = self.selection.sinks + self.selection.recent(self._budget)
+            protected += exact_floor(self.selection.reserve_fraction * self._budget)
+            if protected > self._budget - self._rescue:
+                raise ValueError(
+                    f"method.rescue_fraction={self.rescue_fraction} takes {self._rescue} of B={self._budget} slots,"
+                    f" leaving fewer than the {protected} protected entries — lower it, or shrink the protection"
+                )
+            # Each entry's highest single-layer score until the first eviction.
+            self.peak = torch.zeros_like(self.state)
+        self._evicted = False
 
     def budget(self) -> int | None:
         return self._budget
 
+    def _compresses(self, step: int) -> bool:
+        return step % self.compress_every == 0
+
     def observes(self, step: int) -> bool:
-        if self._budget is None:
+        if self._budget is None or not self.decode_eviction:
             return False
         if self.score_once:
             return step == 1
+        if self.score_at_compression and not self._compresses(step):
+            return False
         return (step - 1) % self.refresh_every == 0
 
     def needs_attention(self, step: int) -> bool:
@@ -94,10 +152,22 @@ class ScoredEviction(EvictionMethod):
 
     @property
     def wants_prefill_queries(self) -> int:
-        return self.info.prefill_len if self.prefill_attention and self._budget is not None else 0
+        if not self.prefill_attention or self._budget is None:
+            return 0
+        return min(self.prefill_window or self.info.prefill_len, self.info.prefill_len)
 
     def observe_prefill(self, view: LayerView) -> None:
         self._combine(view, prompt_attention_votes(view))
+
+    def keep_prefill_layer(self, layer: int, positions: Tensor) -> Tensor | None:
+        """A per-layer or per-head keep set depends on its own layer's votes only, so the layer is cut
+        inside the prefill forward, as kvpress's presses do: the whole prompt never sits in every
+        layer at once (the paper's TOVA has a lower prefill peak than InertiaKV for this reason).
+        The token-level set needs every layer's votes, so it waits for ``keep(0)``."""
+        if self.selection.granularity == "token" or positions.shape[-1] <= self._budget:
+            return None
+        chosen = self._select(layer, self._row_positions(positions), self.info.prefill_len)
+        return chosen if self.selection.granularity == "head" else chosen[0]
 
     def observe(self, view: LayerView) -> None:
         self._combine(view, self.scorer.score(view))
@@ -108,7 +178,11 @@ class ScoredEviction(EvictionMethod):
             scores = scores.mean(dim=0, keepdim=True)
         rows = self._state_rows(view.layer)
         positions = self._row_positions(view.positions)
+        self.aggregator.watch(view.layer, positions, scores)
         rows.scatter_(1, positions, self.aggregator.combine(rows.gather(1, positions), scores))
+        if self._rescue and not self._evicted:
+            peak = self.peak[0 if self.selection.granularity == "token" else view.layer]
+            peak.scatter_(1, positions, torch.maximum(peak.gather(1, positions), scores))
 
     def _init_newest(self, positions: list[Tensor], newest: int) -> None:
         layers = 1 if self.selection.granularity == "token" else len(positions)
@@ -121,20 +195,37 @@ class ScoredEviction(EvictionMethod):
     def keep(self, step: int, positions: list[Tensor]) -> KeepPlan | None:
         if self._budget is None or (step == 0 and not self.prefill_attention):
             return None
+        if step > 0 and not self.decode_eviction:
+            return None
         newest = self.info.prefill_len + step - 1
         # At step 0 (prefill_attention) the newest entry is the last prompt token, already scored.
         if step > 0 and not self.observes(step):
             self._init_newest(positions, newest)
-        if positions[0].shape[-1] <= self._budget:
+        if step > 0 and self.observes(step):
+            cached = positions[0][:1]
+            self.aggregator.end_step(step, cached, self.state[0].gather(1, cached), self._budget)
+        if (step > 0 and not self._compresses(step)) or positions[0].shape[-1] <= self._budget:
+            self._evicted = self._evicted or step == 0
             return None
         seen = newest + 1
         if self.selection.granularity == "token":
             cached = positions[0][:1]
-            shared = self.selection.select(self.state[0].gather(1, cached), cached, seen, self._budget)[0]
-            return [shared] * len(positions)
-        plan = []
-        for layer, layer_positions in enumerate(positions):
-            cached = self._row_positions(layer_positions)
-            chosen = self.selection.select(self._state_rows(layer).gather(1, cached), cached, seen, self._budget)
-            plan.append(chosen if self.selection.granularity == "head" else chosen[0])
+            shared = self._select(0, cached, seen)[0]
+            plan = [shared] * len(positions)
+        else:
+            plan = []
+            for layer, layer_positions in enumerate(positions):
+                chosen = self._select(layer, self._row_positions(layer_positions), seen)
+                plan.append(chosen if self.selection.granularity == "head" else chosen[0])
+        self._evicted = True
         return plan
+
+    def _select(self, layer: int, cached: Tensor, seen: int) -> Tensor:
+        priority = self._state_rows(layer).gather(1, cached)
+        prompt = self.info.prefill_len
+        if not self._rescue or self._evicted:
+            return self.selection.select(priority, cached, seen, self._budget, prompt)
+        main = self.selection.select(priority, cached, seen, self._budget - self._rescue, prompt)
+        peak = self.peak[0 if self.selection.granularity == "token" else layer].gather(1, cached)
+        rescued = peak.scatter(1, main, -torch.inf).topk(self._rescue, dim=-1).indices
+        return torch.cat([main, rescued], dim=-1).sort(dim=-1).values

@@ -44,6 +44,9 @@ class Selection:
         window: most recent positions always kept.
         recent_fraction: alternatively protect this fraction of B as recent window
             (H2O splits its budget half heavy hitters, half recent); the larger of the two wins.
+        reserve_fraction: protect a static reserve of ``floor(reserve_fraction * B)`` prompt
+            positions spread evenly over the prompt (InertiaKV App. B's auxiliary variant: coarse
+            positional coverage that the scores cannot evict).
         granularity: ``token`` (one keep set shared by all layers and heads), ``layer`` (one
             per layer, shared by its heads) or ``head`` (one per layer and KV head).
     """
@@ -54,6 +57,7 @@ class Selection:
     window: int = 0
     recent_fraction: float = 0.0
     granularity: str = "token"
+    reserve_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         check_rho(self.rho)
@@ -66,12 +70,10 @@ class Selection:
         for option in ("sinks", "window"):
             if not _is_int(getattr(self, option), 0):
                 raise ValueError(f"{where}.{option}={getattr(self, option)!r} is not an integer >= 0 — use e.g. 4")
-        if isinstance(self.recent_fraction, bool) or not (
-            isinstance(self.recent_fraction, int | float) and 0.0 <= self.recent_fraction < 1.0
-        ):
-            raise ValueError(
-                f"{where}.recent_fraction={self.recent_fraction!r} is outside [0, 1) — use e.g. 0.5 (half the budget)"
-            )
+        for option, example in (("recent_fraction", "0.5 (half the budget)"), ("reserve_fraction", "0.1")):
+            value = getattr(self, option)
+            if isinstance(value, bool) or not (isinstance(value, int | float) and 0.0 <= value < 1.0):
+                raise ValueError(f"{where}.{option}={value!r} is outside [0, 1) — use e.g. {where}.{option}={example}")
         if self.granularity not in GRANULARITIES:
             raise ValueError(
                 f"{where}.granularity={self.granularity!r} is not a granularity — use one of {', '.join(GRANULARITIES)}"
@@ -80,6 +82,11 @@ class Selection:
     def recent(self, budget: int) -> int:
         """Size of the protected recent window under ``budget``."""
         return max(self.window, exact_floor(self.recent_fraction * budget))
+
+    def reserve(self, budget: int, prompt_len: int) -> Tensor:
+        """The static reserve under ``budget``: ``floor(reserve_fraction * B)`` prompt positions, evenly spaced."""
+        count = min(exact_floor(self.reserve_fraction * budget), prompt_len)
+        return torch.arange(count) * prompt_len // max(count, 1)
 
     def budget_for(self, prefill_len: int) -> int | None:
         """The budget for a prompt of ``prefill_len`` tokens; None when nothing is evicted."""
@@ -93,22 +100,38 @@ class Selection:
             budget = exact_floor((1.0 - self.rho) * prefill_len)
             origin = f"rho={self.rho} of L0={prefill_len} prompt tokens"
             fix = "lower rho, or use longer prompts"
-        protected = self.sinks + self.recent(budget)
+        reserve = exact_floor(self.reserve_fraction * budget)
+        protected = self.sinks + self.recent(budget) + reserve
         if budget < max(protected, 1):
+            kept = f"sinks+window={self.sinks}+{self.recent(budget)}" + (f"+reserve {reserve}" if reserve else "")
             raise ValueError(
-                f"budget B={budget} ({origin}) is smaller than sinks+window={self.sinks}+{self.recent(budget)}"
-                f"={protected} — {fix}, or shrink method.selection.sinks/window"
+                f"budget B={budget} ({origin}) is smaller than {kept}={protected} — {fix},"
+                " or shrink method.selection.sinks/window" + ("/reserve_fraction" if reserve else "")
             )
         return budget
 
-    def select(self, priority: Tensor, positions: Tensor, seen: int, budget: int) -> Tensor:
+    def select(
+        self, priority: Tensor, positions: Tensor, seen: int, budget: int, prompt_len: int | None = None
+    ) -> Tensor:
         """Indices (sorted, per row) of the ``budget`` entries to keep.
 
         Parameters:
             priority: ``(rows, T)`` higher is kept first.
             positions: ``(rows, T)`` absolute positions of the entries.
             seen: tokens seen so far; positions ``>= seen - recent`` are protected.
+            prompt_len: L0, which places the static reserve (needed when ``reserve_fraction > 0``).
         """
-        protected = (positions < self.sinks) | (positions >= seen - self.recent(budget))
-        ranked = priority.masked_fill(protected, torch.inf)
+        ranked = priority.masked_fill(self.protected(positions, seen, budget, prompt_len), torch.inf)
         return ranked.topk(budget, dim=-1).indices.sort(dim=-1).values
+
+    def protected(self, positions: Tensor, seen: int, budget: int, prompt_len: int | None = None) -> Tensor:
+        """Which entries ``select`` always keeps (sinks, recent window, static reserve), as a mask of ``positions``."""
+        protected = (positions < self.sinks) | (positions >= seen - self.recent(budget))
+        if self.reserve_fraction > 0:
+            if prompt_len is None:
+                raise ValueError(
+                    f"method.selection.reserve_fraction={self.reserve_fraction} needs the decode-time scored"
+                    " selection, which knows the prompt length — use it with a scored method, or set it to 0"
+                )
+            protected |= torch.isin(positions, self.reserve(budget, prompt_len).to(positions.device))
+        return protected

@@ -1,6 +1,6 @@
 """Evaluate KVpop checkpoints: retention recall vs the teacher, and perplexity under eviction vs heuristics.
 
-    python scripts/kvpop_eval.py --checkpoint results/kvpop/smollm2_135m_mlstm_s4w32k96.safetensors
+    python scripts/kvpop_eval.py --checkpoint results/kvpop/smollm2_135m/kvpop_B96/policy.safetensors
 
 1. Retention recall (KVpop's Table: top-k recall vs the teacher): on held-out windows of the
    training corpus (after ``--skip`` windows, beyond the training windows), at query positions
@@ -27,9 +27,10 @@ from harness.config import compose_config, model_spec
 from harness.models import ModelSpec, load_model, load_tokenizer
 from harness.run import execute
 from harness.training.kvpop.data import documents, token_windows
-from harness.training.kvpop.loss import candidates, decayed, retention_recall, sample_queries
+from harness.training.kvpop.loss import sample_queries
 from harness.training.kvpop.train import extract
 from methods.kvpop import load_checkpoint
+from methods.kvpop.ranking import candidates, decayed, retention_recall
 
 
 def recall_table(
@@ -78,6 +79,9 @@ def perplexities(kvpop: list[tuple[str, str]], args: argparse.Namespace) -> list
             overrides += [f"threads={args.threads}", f"results_dir={args.results_dir}"]
             if checkpoint is not None:
                 overrides.append(f"method.checkpoint={checkpoint}")
+                base = load_checkpoint(checkpoint)[1].base_model
+                if base is not None:  # a jointly trained policy runs on the weights fine-tuned with it
+                    overrides += ["model.source=hub", f"model.path={base}"]
             summary = execute(compose_config(*overrides))
             label = method if checkpoint is None else f"{method}:{Path(checkpoint).stem}"
             nll = summary["subtasks"]["ppl"]["nll"]

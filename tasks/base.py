@@ -10,6 +10,8 @@ It declares which of four protocols the harness runs its examples with (``TaskPr
       TEACHER_FORCED        feed example.forced_ids      -> task.score_logprobs(logprobs, example)
       GENERATE_THEN_ANSWER  decode under the method, then task.follow_up(tokenizer, example, text)
                             decoded with the full cache  -> task.score(answer, follow-up example)
+      CALLS                 serve every call of example.calls under the method
+                                                 -> task.score_calls(results, example)
       WORLD                 no model: task.run_batches(policy, examples) -> the records' outcomes
                             (``policy``: the method as the harness adapts it to the world)
 """
@@ -21,6 +23,55 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+
+@dataclass
+class Call:
+    """One model call of a ``CALLS`` example: a generation, or a teacher-forced continuation.
+
+    Parameters:
+        input_ids: prompt token ids.
+        max_new_tokens: generation limit (the continuation's length when teacher-forced).
+        forced_ids: a continuation to teacher-force and score instead of generating.
+        stop_strings: strings that end the generation early.
+        sampling: temperature, top_k and top_p of this call (None: the run's sampling).
+        seed_key: what the call's sampling seed derives from (None: the example id).
+        ranked: the continuation is ranked against the example's other continuations (a
+            multiple-choice option), which the harness refuses where the method evicts the
+            prompt it is scored against.
+    """
+
+    input_ids: list[int]
+    max_new_tokens: int
+    forced_ids: list[int] | None = None
+    stop_strings: list[str] = field(default_factory=list)
+    sampling: dict[str, float] | None = None
+    seed_key: str | None = None
+    ranked: bool = False
+
+
+@dataclass
+class CallResult:
+    """What one ``Call`` gave.
+
+    Parameters:
+        text: the generated text, special tokens stripped (empty when teacher-forced).
+        logprobs: per forced token, its log-probability.
+        greedy: per forced token, whether it was the model's most likely token.
+    """
+
+    text: str
+    logprobs: list[float] = field(default_factory=list)
+    greedy: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class Scored:
+    """``CALLS``: what a record keeps of an example's results: the prediction, the metrics, details for ``meta``."""
+
+    prediction: str
+    metrics: dict[str, float]
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -40,6 +91,8 @@ class Example:
             end-of-turn (LongBench's samsum stops at the newline token).
         min_new_tokens: stop tokens are suppressed until this many tokens exist (the official
             ``min_length`` of protocols that add stop tokens).
+        calls: ``CALLS``: the model calls the example is made of, in order (``input_ids`` and
+            ``max_new_tokens`` then describe the longest of them).
     """
 
     example_id: str
@@ -51,6 +104,7 @@ class Example:
     forced_ids: list[int] | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     min_new_tokens: int = 0
+    calls: list[Call] = field(default_factory=list)
 
 
 class TaskProtocol(Enum):
@@ -59,6 +113,7 @@ class TaskProtocol(Enum):
     GENERATE = "generate"
     TEACHER_FORCED = "teacher_forced"
     GENERATE_THEN_ANSWER = "generate_then_answer"
+    CALLS = "calls"
     WORLD = "world"
 
 
@@ -104,6 +159,10 @@ class Task(ABC):
         method under test already shaped the reasoning) and scores its output instead.
         """
         raise NotImplementedError(f"task {self.name!r} makes no follow-up generation")
+
+    def score_calls(self, results: list[CallResult], example: Example) -> Scored:
+        """``CALLS``: the record's prediction and metrics from the result of every call, in order."""
+        raise NotImplementedError(f"task {self.name!r} makes no calls of its own")
 
     def run_example(self, policy: Any, example: Example) -> dict[str, Any]:
         """``WORLD``: run ``policy`` through ``example`` and return the record's outcome fields."""

@@ -17,10 +17,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# One dialog per example; 64-token turns make an example take 0.2-0.6 s here, so a job is still
-# running when it is interrupted right after its first record (a cancelled Slurm job runs on
-# for ~2 s until SIGKILL, since submitit ignores the SIGTERM).
-DIALOGS = ("task=dialogs", "task.scenarios=[topic_shift]", "task.tokens_per_turn=64", "threads=1")
+# One dialog per write, one step per token; 64-token turns make an example take 0.2-0.6 s here, so
+# a job is still running when it is interrupted right after its first record (a cancelled Slurm
+# job runs on for ~2 s until SIGKILL, since submitit ignores the SIGTERM).
+DIALOGS = (
+    "task=dialogs",
+    "task.scenarios=[topic_shift]",
+    "task.tokens_per_turn=64",
+    "task.step=token",
+    "task.batch_size=1",
+    "threads=1",
+)
 SWEEP_TIMEOUT = 180
 
 

@@ -9,8 +9,10 @@ import pytest
 
 from harness.diagnostics import (
     StepSnapshot,
+    boundary_margin,
     churn,
     jaccard,
+    normalised_entropy,
     spearman,
     summarize_series,
     top_b,
@@ -87,3 +89,37 @@ def test_recorder_on_a_tiny_model(tmp_path, tiny_models) -> None:
     assert all(len(kept) == 20 for kept in lines[0]["kept"])
     # The attention scorer compared with attention itself.
     assert lines[0]["summary"]["spearman_vs_attention"] == pytest.approx(1.0)
+    # Sec. 5.1's first-step comparison at the middle layer, over the whole cache, and k = ceil(0.1 * B).
+    assert lines[0]["summary"]["spearman_at_layer"] == pytest.approx(1.0)
+    assert lines[0]["summary"]["jaccard_at_layer"] == 1.0
+    assert lines[0]["top_k"] == 2
+    first = lines[0]["first_scores"]
+    assert first["positions"] == list(range(41)) and len(first["raw"]) == 41
+
+
+def test_trace_measures_on_the_top_k_and_at_the_boundary_by_hand() -> None:
+    positions = np.array([0, 1, 2, 3])
+    steps = [
+        StepSnapshot(1, positions, np.array([0, 1]), raw=np.array([4.0, 3, 2, 1]), state=np.array([4.0, 3, 2, 1]),
+                     attention=np.array([4.0, 3, 2, 1])),
+        StepSnapshot(2, positions, np.array([0, 2]), raw=np.array([1.0, 2, 4, 3]), state=np.array([5.0, 1, 4, 0]),
+                     attention=np.array([4.0, 3, 2, 1])),
+    ]  # fmt: skip
+    series = trace_series(steps, budget=2, k=1)
+    # Top-1 by raw: {0} then {2}; by state: {0} then {0}.
+    assert series["churn_raw"][1] == 1.0 and series["churn_state"][1] == 0.0
+    assert series["jaccard_raw_state"] == [1.0, 0.0]
+    assert series["raw_top_evicted"][1] == 0.0
+    # The comparison with attention keeps the budget: raw top-2 {2, 3} vs attention's {0, 1}.
+    assert series["jaccard_vs_attention"][1] == 0.0
+    # (2nd - 3rd largest state) / mean state: (3 - 2) / 2.5, then (4 - 1) / 2.5.
+    assert series["boundary_margin"] == [pytest.approx(0.4), pytest.approx(1.2)]
+    p = np.array([0.4, 0.3, 0.2, 0.1])
+    assert series["score_entropy"][0] == pytest.approx(float(-(p * np.log(p)).sum() / np.log(4)))
+
+
+def test_boundary_margin_and_entropy_edges() -> None:
+    assert math.isnan(boundary_margin([3.0, 2.0], 2))
+    assert normalised_entropy([1.0, 1.0, 1.0, 1.0]) == pytest.approx(1.0)
+    assert normalised_entropy([2.0, 0.0, 0.0]) == 0.0
+    assert math.isnan(normalised_entropy([0.0, 0.0]))

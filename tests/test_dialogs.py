@@ -15,11 +15,11 @@ from methods.fdkvc import FDKVC
 from methods.full import FullCache
 from methods.selection import Selection
 from tasks.base import TaskProtocol
-from tasks.dialogs import SCENARIOS, DialogTask, WorldConfig
+from tasks.dialogs import BENCHMARK, SCENARIOS, SCHEDULES, DialogTask, WorldConfig
 from tasks.dialogs.simulate import adaptation
 from tasks.dialogs.world import gram_schmidt, make_dialogs, projections
 
-WORLD_METHODS = ("fifo", "sink_window", "h2o", "tova", "inertia", "cumulative", "fdkvc")
+WORLD_METHODS = ("fifo", "sink_window", "h2o", "tova_decode", "inertia", "cumulative", "fdkvc")
 
 
 def world_method(name: str) -> MethodPolicy:
@@ -52,16 +52,21 @@ def test_topics_are_orthonormal_to_1e6():
 
 def test_scenarios_match_the_paper():
     turns = {name: s.n_turns for name, s in SCENARIOS.items()}
-    assert turns == {"topic_shift": 10, "topic_return": 10, "mixed": 12, "complex": 20, "gradual": 12}
-    assert SCENARIOS["topic_shift"].turn_labels() == [0] * 5 + [1] * 5
+    assert turns == {"topic_shift": 10, "topic_return": 10, "mixed": 12, "complex": 20, "gradual": 12, "adaptation": 19}
+    assert SCENARIOS["topic_shift"].turn_labels() == [0] * 3 + [1] * 7
     assert SCENARIOS["topic_return"].turn_labels() == [0] * 3 + [1] * 4 + [0] * 3
-    assert SCENARIOS["mixed"].turn_labels() == [0, 0, 0, 1, 1, 1, 2, 2, 0, 0, 1, 1]
-    assert SCENARIOS["complex"].turn_labels() == [k for k in range(5) for _ in range(4)]
+    assert SCENARIOS["mixed"].turn_labels() == [0, 0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 1]
+    assert SCENARIOS["complex"].turn_labels() == [k for k in (0, 1, 2, 3, 4, 0, 2, 1, 0, 3) for _ in range(2)]
+    assert SCENARIOS["adaptation"].turn_labels() == [0] * 3 + [1] * 16
     # Gradual: turn 1 pure A, B's weight grows over turns 2..8 (1-based) and is 1 from turn 8.
     shares = [weights[1] for weights in SCENARIOS["gradual"].mixtures]
     assert shares[0] == 0.0 and shares[7:] == [1.0] * 5
     assert shares[1:8] == pytest.approx([k / 7 for k in range(1, 8)])
-    assert SCENARIOS["complex"].shifts() == [4, 8, 12, 16]
+    assert SCENARIOS["complex"].shifts() == [2, 4, 6, 8, 10, 12, 14, 16, 18]
+    even = SCHEDULES["even"]
+    assert even["topic_shift"].turn_labels() == [0] * 5 + [1] * 5
+    assert even["mixed"].turn_labels() == [0, 0, 0, 1, 1, 1, 2, 2, 0, 0, 1, 1]
+    assert even["complex"].turn_labels() == [k for k in range(5) for _ in range(4)]
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
@@ -95,8 +100,8 @@ def test_seeds_are_deterministic_and_independent_of_the_batch():
 
 
 def test_token_statistics():
-    """x = z + 0.8 d with z ~ N(0, 0.05 I): 0.05 is the variance of every coordinate."""
-    dialogs = make_dialogs(WorldConfig(), SCENARIOS["topic_shift"], list(range(20)))
+    """x = z + 0.8 d with z ~ N(0, 0.05 I): 0.05 read as the std of every coordinate, or as its variance."""
+    dialogs = make_dialogs(WorldConfig(noise_var=0.05), SCENARIOS["topic_shift"], list(range(20)))
     tokens_direction = dialogs.directions.float().repeat_interleave(32, dim=1)
     noise = dialogs.x - 0.8 * tokens_direction
     assert abs(noise.mean()) < 0.005
@@ -104,17 +109,23 @@ def test_token_statistics():
     along = (dialogs.x * tokens_direction).sum(-1)
     assert along.mean().item() == pytest.approx(0.8, abs=0.01)
     assert along.var().item() == pytest.approx(0.05, rel=0.1)
-    small = make_dialogs(WorldConfig(noise_var=0.0025), SCENARIOS["topic_shift"], [0])
+    small = make_dialogs(WorldConfig(), SCENARIOS["topic_shift"], [0])
     residual = small.x - 0.8 * small.directions.float().repeat_interleave(32, dim=1)
     assert residual.std().item() == pytest.approx(0.05, rel=0.05)
 
 
 def test_examples_have_stable_ids(task):
     examples = task.examples()
-    assert len(examples) == 5 * 4
+    assert len(examples) == 6 * 4
     assert examples[7].example_id == "topic_return/0003" and examples[7].subtask == "topic_return"
     assert task.protocol is TaskProtocol.WORLD and task.name == "dialogs"
     assert "n_dialogs" not in task.identity() and task.identity()["budget"] == 56
+    assert task.reading == "paper"
+    # Another world's records are other examples: its readings name the subtask.
+    other = DialogTask(n_dialogs=1, schedule="even", noise_var=0.05)
+    assert other.reading == "task.schedule=even task.noise_var=0.05"
+    assert other.examples()[0].subtask == "topic_shift [task.schedule=even task.noise_var=0.05]"
+    assert other.examples()[0].example_id == "topic_shift/0000"
     built = instantiate(compose_config("task=dialogs", "task.n_dialogs=2").task)
     assert isinstance(built, DialogTask) and built.n_dialogs == 2 and built.scenarios == list(SCENARIOS)
 
@@ -148,6 +159,59 @@ def test_budget_held_at_every_step_and_batch_equals_single_dialogs(task, name):
             assert single["metrics"][metric] == pytest.approx(batched[metric][index], abs=1e-5), metric
 
 
+def baseline_figures(name: str, **options) -> dict[str, float]:
+    """The five-scenario means (%) of a baseline over four dialogs each, and its Table 2 adaptation."""
+    world = DialogTask(n_dialogs=4, **options)
+    frame = world.evaluate(world_method(name)).groupby("scenario").mean(numeric_only=True)
+    benchmark = frame.loc[list(BENCHMARK)]
+    return {
+        "retention": round(100 * benchmark["retention"].mean(), 1),
+        "diversity": round(100 * benchmark["diversity"].mean(), 1),
+        "adaptation": float(frame.loc["adaptation", "adaptation"]),
+        "never": float(frame.loc["adaptation", "adaptation_never"]),
+    }
+
+
+def test_the_baseline_figures_follow_from_the_schedules():
+    """The paper's FIFO, Sink+Window and H2O figures, which the topic schedules alone decide.
+
+    FIFO keeps the last 56 tokens, 1.75 turns: late retention is 1 where the last three turns
+    share a topic and 6/7 where one of them opens a new one (Topic Return, Mixed, Complex):
+    (1 + 6/7 + 6/7 + 6/7 + 1) / 5 = 91.4%; diversity is one topic, or two where the window
+    spans a shift: (1/2 + 2/3 + 4/9 + 4/15 + 1/2) / 5 = 47.6%. H2O's cumulative scores keep
+    the first topic's tokens: half the cache stays A, so it never adapts in Table 2's dialog.
+    """
+    fifo = baseline_figures("fifo")
+    assert (fifo["retention"], fifo["diversity"]) == (91.4, 47.6)
+    exact = (1 + 6 / 7 + 6 / 7 + 6 / 7 + 1) / 5, (1 / 2 + 2 / 3 + 4 / 9 + 4 / 15 + 1 / 2) / 5
+    assert (round(100 * exact[0], 1), round(100 * exact[1], 1)) == (91.4, 47.6)
+    assert baseline_figures("sink_window")["diversity"] == 73.3
+    h2o = baseline_figures("h2o")
+    assert (h2o["diversity"], h2o["retention"]) == (70.0, 63.3)
+    assert (h2o["adaptation"], h2o["never"]) == (16.0, 1.0)
+    # The earlier schedules (Topic Shift 5A+5B, ...) do not give the paper's figures.
+    even = baseline_figures("fifo", schedule="even")
+    assert (even["retention"], even["diversity"]) != (91.4, 47.6)
+
+
+def test_run_batches_records_what_single_dialogs_record():
+    world = DialogTask(n_dialogs=3, scenarios=["topic_return", "gradual"], batch_size=2)
+    policy = world_method("fdkvc")
+    batches = list(world.run_batches(policy, world.examples()))
+    assert [len(batch) for batch in batches] == [2, 1, 2, 1]
+    for example, outcome in (pair for batch in batches for pair in batch):
+        single = world.run_example(policy, example)
+        for metric in ("alignment", "retention", "diversity", "adaptation"):
+            assert outcome["metrics"][metric] == pytest.approx(single["metrics"][metric], abs=1e-5), metric
+        assert outcome["turns"]["retention"] == pytest.approx(single["turns"]["retention"], abs=1e-4)
+        assert outcome["world"] == single["world"] == "paper" and outcome["batch"] in (1, 2)
+        assert (
+            len(outcome["turns"]["ownership_loss"])
+            == len(outcome["turns"]["alignment"])
+            == 10 + 2 * (example.subtask == "gradual")
+        )
+
+
 def test_fdkvc_without_bias_or_eviction_equals_the_full_cache():
     roomy = DialogTask(n_dialogs=3, budget=10_000, scenarios=["mixed", "gradual"])
     full = roomy.evaluate(MethodPolicy(FullCache()))
@@ -178,7 +242,13 @@ def test_adaptation_counts_turns_and_never():
         ({"tokens_per_turn": 2.5}, "task.tokens_per_turn=2.5 must be an integer >= 1 — "),
         ({"late_turns": "3"}, "task.late_turns='3' must be an integer >= 1 — "),
         ({"seed": "x"}, "task.seed='x' must be an integer — "),
-        ({"noise_var": -0.1}, "task.noise_var=-0.1 must be a number >= 0 — use e.g. task.noise_var=0.05"),
+        ({"noise_var": -0.1}, "task.noise_var=-0.1 must be a number >= 0 — use e.g. task.noise_var=0.0025"),
+        ({"schedule": "uneven"}, "task.schedule='uneven' is not a choice — use one of paper, even"),
+        ({"step": "chunk"}, "task.step='chunk' is not a choice — use one of turn, token"),
+        (
+            {"step": "token", "measure": "before_eviction"},
+            "task.measure=before_eviction needs whole-turn steps, but task.step=token evicts after every token — ",
+        ),
         ({"topic_scale": "big"}, "task.topic_scale='big' must be a number — "),
         ({"weight_std": "wide"}, "task.weight_std='wide' must be a number — "),
     ],

@@ -10,9 +10,10 @@ from conftest import NAMED_METHODS, TINY_MODELS, named_method
 
 from harness import attention, kv_cache
 from harness.engine import Engine
-from harness.evicting_attention import single_query_attention
+from harness.evicting_attention import ragged_single_query_attention, single_query_attention
 from harness.sampling import Sampling
 from methods.full import FullCache
+from methods.scorers.bilinear import BilinearHead, BilinearInfo, save_bilinear
 
 PROMPT_LEN = 96
 NEW_TOKENS = 24
@@ -59,7 +60,7 @@ def record_steps(engine: Engine):
     return seen
 
 
-@pytest.mark.parametrize("name", ["inertia", "inertia_lazy", "score_free", "tova", "h2o", "streaming_llm"])
+@pytest.mark.parametrize("name", ["inertia", "inertia_lazy", "score_free", "tova_decode", "h2o", "streaming_llm"])
 def test_budget_held_physically_after_every_decode_step(tiny_models, name):
     model = tiny_models["tiny_llama"]
     engine = Engine(model, named_method(name, "rho=0.5"))
@@ -272,3 +273,82 @@ def test_method_time_in_the_prefill_stays_out_of_the_decode_shares(tiny_models):
     assert generation.prefill_s >= 0.1 * layers
     assert generation.score_s < 0.1 and generation.evict_s < 0.1
     assert generation.cache_len_final == generation.budget
+
+
+BASELINES = ("adakv_ea", "keydiff", "kvzip", "kvzip_mask")
+
+
+@pytest.mark.parametrize("model_name", TINY_MODELS)
+def test_no_eviction_matches_generate_for_the_paper_baselines(tiny_models, model_name, tmp_path):
+    model = tiny_models[model_name]
+    ids = prompt(1)
+    expected = reference(model, ids)
+    config = model.config
+    info = BilinearInfo(model_name, config.num_hidden_layers, config.num_attention_heads,
+                        config.num_key_value_heads, config.head_dim, 8, per_layer=False)  # fmt: skip
+    head = tmp_path / "head.safetensors"
+    save_bilinear(BilinearHead(1, info.query_heads * info.head_dim, info.kv_heads * info.head_dim, 8), str(head), info)
+    named = [(name, ()) for name in BASELINES] + [
+        ("bilinear", (f"model={model_name}", f"method.scorer.checkpoint={head}"))
+    ]
+    for name, extra in named:
+        # A budget beyond the prompt: every scoring path runs, nothing is evicted (rho=0 never scores).
+        method = named_method(name, "rho=0.5", "method.selection.budget_tokens=100000", *extra)
+        assert Engine(model, method).generate(ids, NEW_TOKENS).tokens == expected, (
+            f"{name} diverged from model.generate"
+        )
+
+
+def test_ragged_attention_equals_padded_attention_with_masked_padding():
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 6, 1, 16, generator=generator)
+    lengths = [7, 3, 12]
+    keys = tuple(torch.randn(n, 16, generator=generator) for n in lengths)
+    values = tuple(torch.randn(n, 16, generator=generator) for n in lengths)
+    output, weights = ragged_single_query_attention(query, keys, values, 0.25, None)
+    padded_keys = torch.zeros(1, 3, 12, 16)
+    padded_values = torch.zeros(1, 3, 12, 16)
+    bias = torch.full((3, 12), -torch.inf)
+    for head, n in enumerate(lengths):
+        padded_keys[0, head, :n], padded_values[0, head, :n], bias[head, :n] = keys[head], values[head], 0.0
+    expected, expected_weights = single_query_attention(query, padded_keys, padded_values, 0.25, bias)
+    torch.testing.assert_close(output, expected)
+    for head, n in enumerate(lengths):
+        torch.testing.assert_close(weights[head], expected_weights[head, :, :n])
+
+
+def test_ragged_layers_pack_exactly_their_entries_and_grow_per_head(tiny_models):
+    model = tiny_models["tiny_qwen2"]
+    cache = kv_cache.new_cache(model)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([prompt(2, length=10)]), cache=cache, use_cache=True)
+    full_keys, full_values = kv_cache.layer_heads(cache, 0)
+    kv_cache.evict_layer(cache, 0, (torch.tensor([0, 3, 9]), torch.tensor([5])))
+    layer = cache.layers[0]
+    assert isinstance(layer, kv_cache.RaggedLayer) and layer.keys.shape == (1, 4, 16)
+    assert kv_cache.head_lengths(cache)[0] == [3, 1] and kv_cache.cache_lengths(cache)[0] == 3
+    keys, values = kv_cache.layer_heads(cache, 0)
+    torch.testing.assert_close(keys[0], full_keys[0][[0, 3, 9]])
+    torch.testing.assert_close(values[1], full_values[1][[5]])
+    new_keys, new_values = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16)
+    layer.update(new_keys, new_values)
+    keys, values = kv_cache.layer_heads(cache, 0)
+    assert [k.shape[0] for k in keys] == [4, 2]
+    torch.testing.assert_close(keys[1][-1], new_keys[0, 1, 0])
+    torch.testing.assert_close(values[0][:3], full_values[0][[0, 3, 9]])
+    entry = 2 * 16 * 4
+    other_layers = (model.config.num_hidden_layers - 1) * 2 * 10 * entry
+    assert kv_cache.cache_bytes(cache) == 6 * entry + other_layers
+    assert kv_cache.bytes_per_token(cache) == model.config.num_hidden_layers * 2 * entry
+    # Equal counts make the layer plain again.
+    kv_cache.evict_layer(cache, 0, (torch.tensor([1, 2]), torch.tensor([0, 1])))
+    assert not isinstance(cache.layers[0], kv_cache.RaggedLayer) and cache.layers[0].keys.shape == (1, 2, 2, 16)
+
+
+def test_full_cache_memory_figures(tiny_models):
+    model = tiny_models["tiny_llama"]
+    result = Engine(model, FullCache()).generate(prompt(3), 5)
+    per_token = model.config.num_hidden_layers * model.config.num_key_value_heads * 2 * model.config.head_dim * 4
+    assert result.prefill_peak_bytes == PROMPT_LEN * per_token
+    assert result.decode_peak_bytes == result.kv_bytes_final == result.kv_bytes_full == (PROMPT_LEN + 4) * per_token
+    assert result.kv_entries_final == PROMPT_LEN + 4

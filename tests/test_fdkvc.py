@@ -44,18 +44,40 @@ def step(driver: Driver, weights: list[float]) -> KeepPlan | None:
     return driver.end_step()
 
 
-def test_config_has_the_paper_defaults():
+PAPER_READINGS = dict(
+    relevance="minmax",
+    normalise_over="cached",
+    relevance_space="embeddings",
+    recency_init="cosine",
+    c_update="mean_query",
+    rate="previous",
+    recency_clip=False,
+    prompt_attention=True,
+)
+EARLIER_READINGS = dict(
+    relevance="relu",
+    normalise_over="cached",
+    relevance_space="keys",
+    recency_init="one",
+    c_update="attention",
+    rate="current",
+    recency_clip=True,
+    prompt_attention=False,
+)
+
+
+def test_config_has_the_paper_defaults_and_the_dataclass_the_earlier_readings():
     from hydra.utils import instantiate
 
     method = instantiate(compose_config("method=fdkvc", "rho=0.5").method)
     assert isinstance(method, FDKVC)
     paper = dict(gamma=0.88, alpha0=0.3, mu=0.4, tau=0.02, beta=0.25, w_c=0.45, w_recency=0.55)
     assert {k: getattr(method, k) for k in paper} == paper
+    assert {k: getattr(method, k) for k in PAPER_READINGS} == PAPER_READINGS
+    assert {k: getattr(FDKVC(), k) for k in EARLIER_READINGS} == EARLIER_READINGS
     assert method.selection.rho == 0.5 and method.selection.granularity == "head"
-    with pytest.raises(ValueError):
-        FDKVC(gamma=1.5)
-    with pytest.raises(ValueError):
-        FDKVC(relevance="softmax")
+    earlier = instantiate(compose_config("method=fdkvc", "rho=0.5", "method.recency_init=one").method)
+    assert earlier.recency_init == "one"
 
 
 def test_cumulative_channel_new_entries_at_one_turn_mean_added_at_turn_end():
@@ -78,7 +100,7 @@ def test_cumulative_channel_new_entries_at_one_turn_mean_added_at_turn_end():
 
 
 def test_cumulative_channel_every_step_is_h2o_with_new_entries_at_one():
-    method = FDKVC(selection=Selection(budget_tokens=100), turn_length=8, beta=0.0, c_every_step=True)
+    method = FDKVC(selection=Selection(budget_tokens=100), turn_length=8, beta=0.0, c_update="step")
     driver = Driver(method, info(3))
     driver.end_prefill()
     step(driver, [0.1, 0.2, 0.3, 0.4])
@@ -106,11 +128,15 @@ def test_recency_decays_and_is_reinforced_by_the_cosine_to_the_mean_query():
 
 
 def test_adaptive_rate_from_the_ownership_loss():
-    method = FDKVC()
-    alpha, loss = method.rate(torch.tensor([[1.0, 0.5], [2.0, 2.0]]))
+    method = FDKVC(w_c=1.0, w_recency=0.0)
+    # h = c / max c: [1, 0.5] and [1, 1]; the masked third entry counts nowhere.
+    among = torch.tensor([[True, True, False], [True, True, False]])
+    alpha, loss = method.adaptive_rate(torch.tensor([[2.0, 1.0, 9.0], [2.0, 2.0, 9.0]]), torch.zeros(2, 3), among)
     assert loss.tolist() == pytest.approx([0.125, 0.0])
     assert alpha.tolist() == pytest.approx([0.3 / 1.05, 0.3])
-    assert method.hybrid(torch.tensor([[2.0, 1.0]]), torch.tensor([[0.0, 1.0]]))[0].tolist() == pytest.approx(
+    alpha, loss = method.adaptive_rate(torch.ones(1, 2), torch.zeros(1, 2), torch.zeros(1, 2, dtype=torch.bool))
+    assert alpha.item() == pytest.approx(0.3) and math.isnan(loss.item())
+    assert FDKVC().hybrid(torch.tensor([[2.0, 1.0]]), torch.tensor([[0.0, 1.0]]))[0].tolist() == pytest.approx(
         [0.45, 0.225 + 0.55]
     )
 
@@ -163,6 +189,141 @@ def test_no_budget_and_no_bias_does_nothing():
     assert method.logit_bias(0, torch.arange(6)[None]) is None
 
 
+def test_minmax_relevance_over_the_masked_entries():
+    method = FDKVC(relevance="minmax")
+    cosine = torch.tensor([[1.0, 0.0, -1.0, 0.5]])
+    among = torch.tensor([[True, True, True, False]])
+    # Eq. 4 over the first three: (cos - min) / (max - min); the fourth lies within [0, 1] too.
+    assert method.normalise(cosine, among)[0].tolist() == pytest.approx([1.0, 0.5, 0.0, 0.75], abs=1e-6)
+    assert FDKVC(relevance="relu").normalise(cosine, among)[0].tolist() == [1.0, 0.0, 0.0, 0.5]
+    assert FDKVC(relevance="affine").normalise(cosine, among)[0].tolist() == [1.0, 0.5, 0.0, 0.75]
+
+
+def paper_turn(prompt_attention: bool = False) -> tuple[FDKVC, Driver]:
+    """A three-entry prompt, then one two-token turn as a world step, under the paper's readings."""
+    readings = {**PAPER_READINGS, "prompt_attention": prompt_attention}
+    method = FDKVC(selection=Selection(budget_tokens=100), turn_length=2, beta=0.0, **readings)
+    driver = Driver(method, info(3, new=2))
+    keys = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.5, 0.5], [0.0, 0.0]]])
+    embeddings = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [2.0, 0.0], [1.0, 1.0]]])
+    prompt = LayerView(
+        0, keys[:, :3], keys[:, :3], torch.arange(3)[None], queries=torch.tensor([[[0.0, 2.0], [0.0, 0.0]]]),
+        embeddings=embeddings[:, :3],
+    )  # fmt: skip
+    driver.observe_prefill(prompt)
+    assert driver.end_prefill() is None
+    driver.next_step(2)
+    assert driver.observing and not driver.attention  # Eq. 1 needs the mean query, not the weights
+    turn = LayerView(
+        0, keys, keys, torch.arange(5)[None], queries=torch.tensor([[[2.0, 0.0], [0.0, 0.0]]]), embeddings=embeddings
+    )
+    driver.observe(turn)
+    assert driver.end_step() is None
+    return method, driver
+
+
+def test_algorithm_1_turn_end_under_the_paper_readings():
+    method, _ = paper_turn()
+    # Prompt: its own entries enter at c = 1 and recency = max(cos, 0) to its mean embedding [0, 1/3].
+    # Turn: mean query [1, 0], softmax of its logits [1, 0, 0] over the cached entries 0..2 (Eq. 1).
+    e = math.e
+    c = [1 + e / (e + 2), 1 + 1 / (e + 2), 1 + 1 / (e + 2), 1.0, 1.0]
+    assert method.c[0, 0, :5].tolist() == pytest.approx(c, abs=1e-6)
+    # The turn's mean embedding points along [3, 1]: cosines [3, 1, -3] / sqrt 10 for the cached
+    # entries, min-max normalised over them to [1, 2/3, 0] (Eq. 4) and added at rate alpha0 (the
+    # previous turn end's rate; none yet) to the decayed recency [0, 1, 0] (Eqs. 2-3). The new
+    # entries enter with their cosines (Algorithm 1, line 17): 3/sqrt 10 and 4/sqrt 20.
+    recency = [0.3, 0.88 + 0.3 * 2 / 3, 0.0, 3 / math.sqrt(10), 4 / math.sqrt(20)]
+    assert method.recency[0, 0, :5].tolist() == pytest.approx(recency, abs=1e-6)
+    # The next turn's rate comes from h over the entries that were cached before this turn.
+    h = 0.45 * torch.tensor(c[:3]) / max(c[:3]) + 0.55 * torch.tensor(recency[:3])
+    h_hat = h / h.max()
+    loss = (h_hat * (1 - h_hat)).mean()
+    assert method.last_loss.item() == pytest.approx(loss.item(), abs=1e-6)
+    assert method.last_alpha.item() == pytest.approx(0.3 / (1 + 0.4 * loss.item()), abs=1e-6)
+    assert method.probes()["rate"].item() == pytest.approx(0.3 / (1 + 0.4 * loss.item()), abs=1e-6)
+
+
+def test_the_prompt_attention_enters_c_before_the_first_eviction():
+    method, _ = paper_turn(prompt_attention=True)
+    # The prompt's mean query [0, 1]: softmax of its logits [0, 1, 0] over the prompt, added to
+    # its entries' c when the prompt closes; the turn then adds its own softmax as above.
+    e = math.e
+    prompt = [1 / (e + 2), e / (e + 2), 1 / (e + 2)]
+    turn = [e / (e + 2), 1 / (e + 2), 1 / (e + 2)]
+    expected = [1 + a + b for a, b in zip(prompt, turn, strict=True)] + [1.0, 1.0]
+    assert method.c[0, 0, :5].tolist() == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(("prompt_attention", "kept"), [(True, [1, 4, 5]), (False, [4, 5, 6])])
+def test_first_eviction_after_the_prompt_ranks_with_both_channels(prompt_attention: bool, kept: list[int]):
+    # A six-entry prompt whose mean query attends to entry 1 above all; recency (the cosine of
+    # the embeddings to their mean) is 1 for every entry, the new token's too.
+    readings = {**PAPER_READINGS, "prompt_attention": prompt_attention}
+    method = FDKVC(selection=Selection(budget_tokens=3), turn_length=4, beta=0.0, **readings)
+    driver = Driver(method, info(6, new=4))
+    keys = torch.zeros(1, 6, 2)
+    keys[0, 1] = torch.tensor([8.0, 0.0])
+    queries = torch.tensor([[[1.0, 0.0]]]).expand(1, 4, 2)
+    embeddings = torch.ones(1, 6, 2)
+    driver.observe_prefill(LayerView(0, keys, keys, torch.arange(6)[None], queries=queries, embeddings=embeddings))
+    assert driver.end_prefill() is None
+    driver.next_step()
+    view = LayerView(
+        0, torch.zeros(1, 7, 2), torch.zeros(1, 7, 2), driver.positions[0], queries=torch.ones(1, 1, 2),
+        embeddings=torch.ones(1, 7, 2),
+    )  # fmt: skip
+    driver.observe(view)
+    driver.end_step()
+    # With the prompt's attention in c, entry 1 survives and the other prompt entries (c just
+    # above 1) outrank the new token (c = 1); without it every h ties and the newest three stay.
+    assert driver.positions[0].tolist() == [kept]
+
+
+def test_equal_scores_keep_the_newer_entries():
+    method = FDKVC(selection=Selection(budget_tokens=2), w_c=0.0, w_recency=1.0, turn_length=100)
+    method.begin(info(4))
+    method.recency[0, 0, :5] = torch.tensor([0.5, 0.5, 0.5, 0.5, 0.5])
+    assert method.keep(1, [torch.arange(5)[None]])[0].tolist() == [3, 4]
+    # Positions need not arrive in order: the newer position still wins.
+    assert method.keep(1, [torch.tensor([[4, 0, 3, 1, 2]])])[0].tolist() == [0, 2]
+
+
+def test_a_step_of_several_tokens_is_a_whole_turn():
+    method = FDKVC(selection=Selection(budget_tokens=100), turn_length=32, beta=0.0, **PAPER_READINGS)
+    driver = Driver(method, info(2, new=6))
+    keys = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]])
+    driver.observe_prefill(LayerView(0, keys[:, :2], keys[:, :2], torch.arange(2)[None], queries=keys[:, :2]))
+    driver.end_prefill()
+    driver.next_step(3)
+    driver.observe(LayerView(0, keys, keys, torch.arange(5)[None], queries=keys[:, 2:]))
+    driver.end_step()
+    # Three of six new tokens, a tenth of turn_length: the turn closed all the same.
+    assert method.last_loss is not None and not math.isnan(method.last_loss.item())
+    assert method.c[0, 0, :2].tolist() != [1.0, 1.0]
+
+
+def test_an_answer_shorter_than_a_turn_still_closes_it():
+    method = FDKVC(selection=Selection(budget_tokens=100), turn_length=32, beta=0.0, **PAPER_READINGS)
+    driver = Driver(method, info(3, new=2))
+    keys = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 0.0], [0.0, 1.0]]])
+    driver.observe_prefill(LayerView(0, keys[:, :3], keys[:, :3], torch.arange(3)[None], queries=keys[:, :2]))
+    driver.end_prefill()
+    before = (method.c[0, 0, :3].clone(), method.recency[0, 0, :3].clone())
+    for length in (4, 5):
+        driver.next_step()
+        view = LayerView(0, keys[:, :length], keys[:, :length], driver.positions[0], queries=keys[:, length - 1 :])
+        driver.observe(view)
+        driver.end_step()
+        if length == 4:
+            # Mid-turn the cached entries' channels wait for the turn end.
+            assert torch.equal(method.c[0, 0, :3], before[0]) and torch.equal(method.recency[0, 0, :3], before[1])
+    # The sequence's last step (2 of a 32-step turn) closes the turn: both channels moved.
+    assert not torch.equal(method.c[0, 0, :3], before[0])
+    assert not torch.equal(method.recency[0, 0, :3], before[1])
+    assert method.c[0, 0, 3:5].tolist() == [1.0, 1.0]
+
+
 # ---------------------------------------------------------------------- real engine
 @pytest.fixture(scope="module")
 def tiny_llama():
@@ -209,6 +370,18 @@ def test_engine_bias_changes_attention_and_budget_holds(tiny_llama, granularity)
     # output of layer 0, hence the values layer 1 caches for the new tokens.
     assert torch.equal(plain[0], biased[0])
     assert not torch.equal(plain[1][..., -1, :], biased[1][..., -1, :])
+
+
+def test_engine_under_the_paper_readings(tiny_llama):
+    full = Engine(tiny_llama, FullCache()).generate(PROMPT, 12).tokens
+    # Tracking both channels without evicting or biasing leaves the model's output alone.
+    roomy = FDKVC(selection=Selection(budget_tokens=1000), beta=0.0, turn_length=4, **PAPER_READINGS)
+    assert Engine(tiny_llama, roomy).generate(PROMPT, 12).tokens == full
+    # The prompt's attention entered c before the first eviction (tests above: exact values).
+    assert not torch.all(roomy.c[:, :, : len(PROMPT)] == 1.0)
+    method = FDKVC(selection=Selection(rho=0.5, granularity="head"), turn_length=4, **PAPER_READINGS)
+    generation = Engine(tiny_llama, method).generate(PROMPT, 12)
+    assert generation.max_cache_len <= generation.budget == 24 and generation.cache_len_final == 24
 
 
 def test_engine_bias_without_eviction_differs_from_full(tiny_llama):
@@ -268,7 +441,13 @@ def test_smollm2_multi_turn_chat(smollm2):
         ),
         ({"turn_length": 0}, "method.turn_length=0 must be an integer >= 1 — use e.g. method.turn_length=32"),
         ({"turn_length": "32"}, "method.turn_length='32' must be an integer >= 1 — "),
-        ({"relevance": "softmax"}, "method.relevance='softmax' is not a relevance normalisation — use one of relu,"),
+        (
+            {"relevance": "softmax"},
+            "method.relevance='softmax' is not a relevance normalisation — use one of minmax, relu, affine, max",
+        ),
+        ({"c_update": "sum"}, "method.c_update='sum' is not a cumulative-channel update — use one of mean_query,"),
+        ({"rate": "next"}, "method.rate='next' is not a rate timing — use one of previous, current"),
+        ({"recency_clip": "yes"}, "method.recency_clip='yes' is not true or false — use method.recency_clip=true"),
     ],
 )
 def test_bad_options_name_the_option_and_the_fix(options: dict, named: str) -> None:

@@ -16,11 +16,21 @@ from safetensors.torch import save_file
 from harness import kv_cache
 from harness.config import compose_config, model_spec
 from harness.engine import Engine
-from harness.training.kvpop.loss import boundary_loss, sample_queries
+from harness.training.kvpop.loss import (
+    Decisions,
+    Weighting,
+    boundary_loss,
+    cutoff_loss,
+    decision_weights,
+    sample_queries,
+    teacher_decisions,
+)
 from harness.training.kvpop.target import future_attention_target
 from methods.base import SequenceInfo
 from methods.kvpop import CheckpointInfo, KVpop, build_scorer, effective_score, save_checkpoint, static_base
-from methods.kvpop.policy import static_priority
+from methods.kvpop.ranking import candidates, static_priority
+from methods.kvpop.recall import TeacherRecall, target_from_mass
+from methods.kvpop.scorers import delayed
 from methods.selection import Selection
 
 GEOMETRY = {"layers": 3, "kv_heads": 2, "head_dim": 16}  # the tiny test models
@@ -74,26 +84,76 @@ def test_static_priority_keeps_the_same_set_as_the_dynamic_form(bucket):
         assert torch.equal(dynamic, static), query
 
 
-def test_boundary_loss_hand_computed():
+def softplus(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def test_boundary_loss_is_eq7_on_the_newly_eligible_token_and_its_boundary():
+    # One head, one query q = 5 with s = 0, w = 1: t_new = 4, eligible tokens 0..4, k = 2.
+    teacher = torch.tensor([[[4.0, 3.0, 1.0, 0.0, 3.5, 9.0]]])
+    student = torch.tensor([[[1.0, 2.0, 0.5, 3.0, -1.0, 7.0]]])
+    queries = torch.tensor([5])
+    mask = candidates(queries, 6, 0, 1)
+    # displaced: the 2nd best of the others {0, 1, 2, 3} is token 1 (3.0); 3.5 > 3.0 keeps t_new (y = +1).
+    decisions = teacher_decisions(teacher, mask, queries, 1, 2, "displaced")
+    assert decisions.label.tolist() == [1.0] and decisions.new.tolist() == [4] and decisions.boundary.tolist() == [1]
+    assert decisions.margin.tolist() == [0.5]
+    tau = 0.5
+    weight = 0.1 + 0.9 * sigmoid(0.5 / 1.0)  # Eq. 23; one decision: the balance weight normalises to 1
+    loss = boundary_loss(student, teacher, mask, queries, 1, 2, tau, Weighting())
+    assert loss.item() == pytest.approx(weight * softplus(-(-1.0 - 2.0) / tau), rel=1e-6)
+    unweighted = Weighting(margin_min=None, balance=False)
+    assert boundary_loss(student, teacher, mask, queries, 1, 2, tau, unweighted).item() == pytest.approx(
+        softplus(3.0 / tau), rel=1e-6
+    )
+    # last_kept: the 2nd best of all eligible tokens is t_new itself, a zero-margin pair.
+    literal = teacher_decisions(teacher, mask, queries, 1, 2, "last_kept")
+    assert literal.label.tolist() == [1.0] and literal.boundary.tolist() == [4] and literal.margin.tolist() == [0.0]
+    assert boundary_loss(student, teacher, mask, queries, 1, 2, tau, Weighting(), "last_kept").item() == (
+        pytest.approx((0.1 + 0.9 * 0.5) * math.log(2), rel=1e-6)  # margin 0: sigmoid(0) = 1/2
+    )
+    # A dropped t_new: teacher 0.5 < 3.0, y = -1, margin 2.5, and the loss pushes z_new below z_bnd.
+    teacher[0, 0, 4] = 0.5
+    dropped = teacher_decisions(teacher, mask, queries, 1, 2, "displaced")
+    assert dropped.label.tolist() == [-1.0] and dropped.margin.tolist() == [2.5]
+    assert boundary_loss(student, teacher, mask, queries, 1, 2, tau, unweighted).item() == pytest.approx(
+        softplus(-3.0 / tau), rel=1e-6
+    )
+
+
+def test_balance_weights_equalise_keep_and_drop_per_head():
+    # Head 0: three keeps and one drop, rho_h = 3/4: raw weights 1/(2 * 3/4) = 2/3 and 1/(2 * 1/4) = 2, mean 1.
+    label = torch.tensor([1.0, 1.0, 1.0, -1.0, 1.0, -1.0])
+    head = torch.tensor([0, 0, 0, 0, 1, 1])
+    decisions = Decisions(label, head * 0, head * 0, torch.zeros(6), head)
+    weights = decision_weights(decisions, 2, Weighting(margin_min=None))
+    raw = torch.tensor([2 / 3, 2 / 3, 2 / 3, 2.0, 1.0, 1.0])
+    assert torch.allclose(weights, raw / raw.mean())
+    clipped = decision_weights(decisions, 2, Weighting(margin_min=None, balance_min=0.9, balance_max=1.5))
+    raw = torch.tensor([0.9, 0.9, 0.9, 1.5, 1.0, 1.0])
+    assert torch.allclose(clipped, raw / raw.mean())
+
+
+def test_cutoff_loss_hand_computed():
     # k = 2: teacher keeps {0, 1}; cutoffs: last kept = 1 (e=3), first dropped = 2 (e=1).
     teacher = torch.tensor([[4.0, 3.0, 1.0, 0.0, 9.0]])
     student = torch.tensor([[1.0, 2.0, 0.5, 3.0, -5.0]])
     mask = torch.tensor([[True, True, True, True, False]])  # the last token is no candidate
-
-    def softplus(x: float) -> float:
-        return math.log1p(math.exp(x))
-
     tau, margin = 0.5, 2.0
     w = [1 - math.exp(-3 / margin), 1 - math.exp(-2 / margin), 1 - math.exp(-2 / margin), 1 - math.exp(-3 / margin)]
     keep = (w[0] * softplus(-(1.0 - 0.5) / tau) + w[1] * softplus(-(2.0 - 0.5) / tau)) / (w[0] + w[1])
     drop = (w[2] * softplus(-(2.0 - 0.5) / tau) + w[3] * softplus(-(2.0 - 3.0) / tau)) / (w[2] + w[3])
-    loss = boundary_loss(student, teacher, mask, k=2, temperature=tau, margin=margin)
+    loss = cutoff_loss(student, teacher, mask, k=2, temperature=tau, margin=margin)
     assert loss.item() == pytest.approx(0.5 * (keep + drop), rel=1e-6)
     assert loss.item() == pytest.approx(0.69452, abs=1e-4)
     unweighted = 0.25 * (softplus(-1) + softplus(-3) + softplus(-3) + softplus(2))
-    assert boundary_loss(student, teacher, mask, 2, tau, None).item() == pytest.approx(unweighted, rel=1e-6)
+    assert cutoff_loss(student, teacher, mask, 2, tau, None).item() == pytest.approx(unweighted, rel=1e-6)
     # a row with no more candidates than k teaches nothing
-    assert boundary_loss(student, teacher, mask, k=4).item() == 0.0
+    assert cutoff_loss(student, teacher, mask, k=4).item() == 0.0
 
 
 def test_query_sampling_stays_after_saturation():
@@ -103,23 +163,44 @@ def test_query_sampling_stays_after_saturation():
     assert late > 120  # the late-biased density 2x/200 has mean 133
 
 
-@pytest.mark.parametrize("delay", [0, 5])
-def test_mlstm_incremental_readout_matches_the_sequence_form(delay):
+@pytest.mark.parametrize(("delay", "readout"), [(0, "linear"), (5, "linear"), (5, "silu")])
+def test_mlstm_incremental_readout_matches_the_sequence_form(delay, readout):
     torch.manual_seed(0)
-    scorer = build_scorer("mlstm", 1, 2, 8, gamma_min=0.9, gamma_max=1.0, cell_dim=4, delay=delay, chunk=7)
+    hyper = {"gamma_min": 0.9, "gamma_max": 1.0, "cell_dim": 4, "delay": delay, "readout": readout}
+    scorer = build_scorer("mlstm", 1, 2, 8, **hyper, chunk=7)
     keys, values = torch.randn(2, 40, 8), torch.randn(2, 40, 8)
     with torch.no_grad():
         whole = scorer(keys, values, 0)
-        one_chunk = build_scorer("mlstm", 1, 2, 8, gamma_min=0.9, gamma_max=1.0, cell_dim=4, delay=delay, chunk=64)
+        one_chunk = build_scorer("mlstm", 1, 2, 8, **hyper, chunk=64)
         one_chunk.load_state_dict(scorer.state_dict())
         assert torch.allclose(one_chunk(keys, values, 0), whole, atol=1e-5)
-        readouts, state, pending = scorer.step(keys[:, :13], values[:, :13], 0, None, None)
+        # The policy's order: a prompt, then one token per step, each read out with the token `delay` before it.
+        read_keys, read_values = delayed(keys, delay), delayed(values, delay)
+        readouts, state = scorer.step(keys[:, :13], values[:, :13], 0, None, read_keys[:, :13], read_values[:, :13])
         parts = [readouts]
         for t in range(13, 40):
-            readout, state, pending = scorer.step(keys[:, t : t + 1], values[:, t : t + 1], 0, state, pending)
+            new = slice(t, t + 1)
+            readout, state = scorer.step(keys[:, new], values[:, new], 0, state, read_keys[:, new], read_values[:, new])
             parts.append(readout)
     incremental = torch.cat(parts, 1)[:, delay:]
     assert torch.allclose(incremental, whole[:, : 40 - delay], atol=1e-5)
+    assert state.matrix[0].numel() + state.normaliser[0].numel() + 1 == scorer.state_numel() == 4 * 8 + 8 + 1
+
+
+def test_silu_readout_and_log_space_decay_are_the_papers_equations():
+    scorer = build_scorer("mlstm", 1, 1, 4, gamma_min=0.9, gamma_max=0.99, gamma_space="log", cell_dim=2, delay=0,
+                          readout="silu")  # fmt: skip
+    with torch.no_grad():
+        scorer.w_out.copy_(torch.tensor([[[1.0, -2.0]]]))
+        scorer.b_out.fill_(0.5)
+        scorer.gamma_logit.fill_(0.0)
+    hidden = torch.tensor([[[[1.0, 3.0]]]])
+    silu = lambda x: x * sigmoid(x)  # noqa: E731
+    assert scorer.readout(hidden[0], 0).item() == pytest.approx(silu(1.0) - 2 * silu(3.0) + 0.5, rel=1e-6)  # Eq. 11
+    # Eq. 21: sigmoid(0) = 1/2 halfway between log 0.9 and log 0.99, i.e. the geometric mean.
+    assert scorer.log_gamma().item() == pytest.approx(0.5 * (math.log(0.9) + math.log(0.99)), rel=1e-6)
+    with pytest.raises(ValueError, match=re.escape("0 < gamma_min < gamma_max < 1 for kvpop.gamma_space=log")):
+        build_scorer("mlp", 1, 1, 4, gamma_min=0.99, gamma_max=1.0, gamma_space="log", hidden=4)
 
 
 def tiny_checkpoint(path, kind: str = "mlstm", model: str = "tiny_llama", layers: int = 3) -> str:
@@ -152,19 +233,57 @@ def test_per_head_budget_after_every_step_through_the_engine(tiny_models, tmp_pa
     )
     prompt = torch.randint(0, 49152, (96,), generator=torch.Generator().manual_seed(3)).tolist()
     result = engine.generate(prompt, 24)
-    assert result.budget == 48
+    # B = 48 entries of 2 x 16 float32 numbers (128 bytes); the mLSTM state (4 x 8 + 8 + 1 numbers, 164 bytes
+    # per head) costs ceil(164 / 128) = 2 of them, which k gives up (count_state).
+    state_entries, state_bytes = (2, 3 * 2 * 164) if kind == "mlstm" else (0, 0)
+    budget = 48 - state_entries
+    assert result.budget == budget and result.state_bytes == state_bytes
+    assert result.kv_bytes_final == 3 * 2 * budget * 128 + state_bytes
     decode = [s for s in steps if s[0] >= 1]
     assert len(decode) == 23
     differs = False
     for step, lengths, positions in decode:
-        assert lengths == [48, 48, 48], step
+        assert lengths == [budget] * 3, step
         seen = 96 + step
         for layer in positions:
-            assert layer.shape == (2, 48)
+            assert layer.shape == (2, budget)
             assert (layer[:, :2] == torch.arange(2)).all()  # sinks
             assert (layer[:, -8:] == torch.arange(seen - 8, seen)).all()  # recent window
             differs |= not torch.equal(layer[0], layer[1])
     assert differs, "per-head keep sets never differed"
+
+
+def test_recall_and_eviction_pattern_reach_the_record(tiny_models, tmp_path):
+    method = kvpop_method(
+        tiny_checkpoint(tmp_path, "mlp"), "tiny_llama", "rho=0.5", "+method.recall_queries=4",
+        "+method.pattern_tail=10", method="kvpop_mlp",
+    )  # fmt: skip
+    final = []
+    engine = Engine(
+        tiny_models["tiny_llama"], method, on_step=lambda step, context, cache: final.append(context.positions)
+    )
+    prompt = torch.randint(0, 49152, (96,), generator=torch.Generator().manual_seed(8)).tolist()
+    report = engine.generate(prompt, 12).method_report
+    recalls = [report[f"recall_l{layer}_h{head}"] for layer in range(3) for head in range(2)]
+    assert all(0.0 <= value <= 1.0 for value in recalls)
+    assert report["recall"] == pytest.approx(sum(recalls) / 6, abs=1e-4)
+    seen = 96 + 12 - 1  # the last generated token is never fed back
+    assert report["pattern_positions"] == list(range(seen - 8 - 10, seen - 8))
+    kept = final[-1]
+    assert report["pattern_heads"] == [
+        [int((layer == position).any(-1).sum()) for position in report["pattern_positions"]] for layer in kept
+    ]
+
+
+def test_teacher_recall_mass_is_the_future_attention_target():
+    queries, keys = random_qk(30)
+    teacher = TeacherRecall(window=4)
+    teacher.observe(0, queries[:, :20].float(), keys[:, :20].float(), 0.25)  # the prompt
+    for position in range(20, 30):  # then one query and key per step
+        teacher.observe(0, queries[:, position : position + 1].float(), keys[:, position : position + 1].float(), 0.25)
+    got, valid = target_from_mass(teacher.mass[0], 4, 1e-6)
+    expected, expected_valid = future_attention_target(queries, keys, 0.25, window=4, method="dense")
+    assert torch.equal(valid, expected_valid) and torch.allclose(got.double(), expected, atol=1e-5)
 
 
 def test_no_budget_means_identical_generation(tiny_models, tmp_path):
@@ -189,11 +308,12 @@ def test_checkpoint_for_another_model_is_refused(tmp_path):
         kvpop_method(checkpoint, "tiny_llama", method="kvpop_mlp")
 
 
-def test_training_writes_a_checkpoint_the_policy_loads(tmp_path, tiny_models):
+def test_scorer_only_recipe_writes_a_checkpoint_the_policy_loads(tmp_path, tiny_models):
     from harness.training.kvpop.train import train
 
     cfg = compose_config(
         "model=tiny_llama",
+        "kvpop_recipe=scorer_only",
         "kvpop.sinks=2",
         "kvpop.window=8",
         "kvpop.k=16",
@@ -203,13 +323,19 @@ def test_training_writes_a_checkpoint_the_policy_loads(tmp_path, tiny_models):
         "data.skip=0",
         "train.steps=4",
         "train.log_every=2",
-        f"output={tmp_path}/tiny.safetensors",
+        f"output={tmp_path}/scorer_only",
         config_name="train_kvpop",
     )
     summary = train(cfg)
     assert [point["step"] for point in summary["history"]] == [2, 4]
-    method = kvpop_method(summary["checkpoint"], "tiny_llama", "rho=0.5")
-    assert method.trained.policy == {"sinks": 2, "window": 8, "k": 16, "bucket": 1}
+    method = kvpop_method(summary["policy"], "tiny_llama", "rho=0.5")
+    assert method.trained.policy == {"sinks": 2, "window": 8, "k": 16, "bucket": 1, "budget": 132}
+    assert method.trained.base_model is None and method.trained.objective == "kvpop"
+    # the variant keeps the earlier architecture: linear decay range to 1, linear readout, width 16 overridden to 4
+    assert method.net.hyperparameters() | {"chunk": 64} == {
+        "kind": "mlstm", "gamma_min": 0.99, "gamma_max": 1.0, "gamma_space": "linear", "cell_dim": 4, "delay": 8,
+        "chunk": 64, "readout": "linear",
+    }  # fmt: skip
     assert OmegaConf.create(method.trained.train["config"]).kvpop.k == 16
     assert model_spec("tiny_llama").name == method.trained.model
 

@@ -417,7 +417,7 @@ NAMED = {
     "score_free": (AttentionScorer, EMA, "token", 1, True, 0, 0.0),
     "cumulative": (AttentionScorer, Cumulative, "token", 1, False, 0, 0.0),
     "single_step": (AttentionScorer, SingleStep, "token", 1, False, 0, 0.0),
-    "tova": (AttentionScorer, SingleStep, "layer", 1, False, 0, 0.0),
+    "tova_decode": (AttentionScorer, SingleStep, "layer", 1, False, 0, 0.0),
     "h2o": (AttentionScorer, Cumulative, "head", 1, False, 0, 0.5),
     "streaming_llm": (RecencyScorer, SingleStep, "token", 1, False, 4, 0.0),
 }
@@ -442,6 +442,13 @@ def test_named_scored_methods_are_the_documented_compositions(name: str) -> None
     assert method.selection.rho == pytest.approx(0.9)
     assert method.selection.budget_tokens is None
     assert method.prefill_attention is (name == "h2o")
+
+
+def test_named_tova_is_the_papers_prefill_form() -> None:
+    method = compose_method("method=tova")
+    assert type(method.scorer) is AttentionScorer and type(method.aggregator) is SingleStep
+    assert method.selection.granularity == "layer" and method.selection.window == 1
+    assert method.prefill_attention and method.prefill_window == 1 and not method.decode_eviction
 
 
 def test_named_full_and_snapkv() -> None:
@@ -506,20 +513,22 @@ def test_h2o_counts_the_prompt_queries_and_evicts_after_the_prefill() -> None:
     info = seq(prefill_len=10, layers=2, kv_heads=2, group=2)
     driver = Driver(method, info)
     assert method.wants_prefill_queries == 10
-    votes = []
+    votes, plan = [], []
     for layer in range(2):
         keys, queries = torch.randn(2, 10, 4), torch.randn(4, 10, 4)
         positions = driver.positions[layer]
         view = LayerView(layer=layer, keys=keys, values=keys, positions=positions, queries=queries, scaling=0.5)
-        driver.observe_prefill(view)
+        # Per-head sets depend on the layer's own votes: the layer is cut inside the prefill.
+        plan.append(driver.observe_prefill(view))
         votes.append(naive_votes(queries, keys, 0.5))
     torch.testing.assert_close(method.state[:, :, :10], torch.stack(votes))
-    plan = driver.end_prefill()
+    assert driver.end_prefill() is None
     # Half the budget is the recent window (7, 8, 9); the other three are each head's top votes.
     for layer in range(2):
         for head in range(2):
             older = votes[layer][head, :7].topk(3).indices.sort().values.tolist()
             assert plan[layer][head].tolist() == [*older, 7, 8, 9]
+            assert driver.positions[layer][head].tolist() == [*older, 7, 8, 9]
     # Decode steps then add the step's attention to the prompt's votes.
     weights = [torch.full((2, 2, 7), 1 / 7)] * 2
     before = method.state[:, :, :11].clone()

@@ -72,10 +72,11 @@ def rid(*overrides: str) -> str:
     [
         (("method=inertia", "rho=0.9"), "smollm2_135m__inertia-9ff7aff7__ruler-ae427061__rho0.9__seed0"),
         (
-            ("model=tiny_llama", "method=tova", "rho=0.5", "task.lengths=[512]"),
-            "tiny_llama__tova-6d526e4e__ruler-ae427061__rho0.5__seed0",
+            # Earlier ``tova`` (decode-time) is now ``tova_decode``: same parameters, same hash.
+            ("model=tiny_llama", "method=tova_decode", "rho=0.5", "task.lengths=[512]"),
+            "tiny_llama__tova_decode-6d526e4e__ruler-ae427061__rho0.5__seed0",
         ),
-        (("task=dialogs", "method=h2o"), "world__h2o-f0b28f8f__dialogs-2b85df17__rho0.9__seed0"),
+        (("task=dialogs", "method=h2o"), "world__h2o-f0b28f8f__dialogs-6b8c5589__rho0.9__seed0"),
         (("method=h2o", "task=needle"), "smollm2_135m__h2o-f0b28f8f__needle-c380edc6__rho0.9__seed0"),
         (("sampling.temperature=0.7",), "smollm2_135m__inertia-9ff7aff7__ruler-0b788a4e__rho0.9__seed0"),
     ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -16,8 +17,8 @@ from scipy import stats as scipy_stats
 from harness.analysis.papers import paper_tables, write_tables
 from harness.analysis.render import latex_escape, to_latex, to_markdown
 from harness.analysis.results import load_configs, load_results
-from harness.analysis.spec import NOT_RUN, grid
-from harness.analysis.variants import annotate, variant
+from harness.analysis.spec import NOT_RUN, Scope, delta, grid
+from harness.analysis.variants import annotate, flatten_method, variant
 from harness.config import CONF_DIR
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
@@ -39,6 +40,14 @@ def test_variant_labels_name_only_parameters_that_differ() -> None:
     assert variant("inertia", {"aggregator.alpha": 0.8}) == "inertia"
     assert variant("inertia", {"aggregator.alpha": 0.5}) == "inertia[aggregator.alpha=0.5]"
     assert variant("tova", {"scorer": "keydiff"}) == "tova[scorer=keydiff]"
+    # A learned scorer's model and checkpoint follow the run's model: one variant per model.
+    scorer = {
+        "_target_": "methods.scorers.bilinear.BilinearScorer",
+        "model": "llama31_8b",
+        "checkpoint": "results/bilinear/llama31_8b.safetensors",
+    }
+    trained = flatten_method({"name": "bilinear", "scorer": scorer})
+    assert trained == {"scorer": "bilinear"} and variant("bilinear", trained) == "bilinear"
 
 
 def test_annotate_reads_parameters_from_configs(frame) -> None:
@@ -50,59 +59,78 @@ def test_annotate_reads_parameters_from_configs(frame) -> None:
 def test_table1_cells_are_benchmark_means_and_missing_cells_say_not_run(frame) -> None:
     cells = table("inertia_table1", frame)
     # inertia at 0.9: niah_a (100, 0) -> 50, niah_b (100, 100) -> 100; mean of subtask means 75.
-    assert cells["tiny · InertiaKV"]["512 · ρ=0.9"] == "75.0"
-    assert cells["tiny · InertiaKV"]["512 · ρ=0.5"] == "100.0"
-    assert cells["tiny · InertiaKV"]["512 · ρ=0.75"] == NOT_RUN
-    assert cells["tiny · TOVA"]["512 · ρ=0.9"] == NOT_RUN
-    # The full cache ran at rho=0 and fills every ratio column.
-    assert {cells["tiny · Full cache"][c] for c in ("512 · ρ=0.5", "512 · ρ=0.75", "512 · ρ=0.9")} == {"100.0"}
+    assert cells["InertiaKV"]["budget 10%"] == "75.00"
+    assert cells["InertiaKV"]["budget 50%"] == "100.00"
+    assert cells["InertiaKV"]["budget 25%"] == NOT_RUN
+    assert cells["TOVA"]["budget 10%"] == NOT_RUN
+    # The full cache ran at rho=0 and fills every budget column.
+    assert {cells["Full cache"][c] for c in ("budget 50%", "budget 25%", "budget 10%")} == {"100.00"}
 
 
 def test_alpha_sweep_keeps_variants_apart(frame) -> None:
     cells = table("inertia_table5", frame)
-    assert cells["tiny · α=0.8"]["average"] == "75.0"
-    assert cells["tiny · α=0.5"]["average"] == "25.0"
-    assert cells["tiny · α=0.9"]["average"] == NOT_RUN
+    assert list(cells) == ["α=0", "α=0.3", "α=0.5", "α=0.7", "α=0.8", "α=0.9", "α=0.95"]
+    assert cells["α=0.8"]["RULER"] == "75.00"
+    # alpha=0.5: niah_a (0, 0) -> 0, niah_b (0, 100) -> 50.
+    assert cells["α=0.5"]["RULER"] == "25.00"
+    assert cells["α=0.9"]["RULER"] == NOT_RUN and cells["α=0.8"]["LongBench"] == NOT_RUN
 
 
-def test_paired_difference_with_ci_and_scipy_p(frame) -> None:
+def test_paired_difference_is_averaged_over_subtasks_like_the_scores(frame) -> None:
     cells = table("inertia_table12", frame)
-    average = cells["tiny · ρ=0.9 · average"]
-    assert average["InertiaKV"] == "75.0" and average["Cumulative"] == "50.0"
-    mean, low, high, n = re.match(r"([-+\d.]+) \[([-+\d.]+), ([-+\d.]+)\] \(n=(\d+)\)", average["Δ [95% CI]"]).groups()
-    assert float(mean) == -25.0 and int(n) == 4 and float(low) <= -25.0 <= float(high)
-    expected = scipy_stats.ttest_rel([0, 0, 100, 100], [100, 0, 100, 100]).pvalue
-    assert average["p"] == f"{expected:.3f}"
-    assert cells["tiny · ρ=0.5 · average"]["Δ [95% CI]"] == NOT_RUN
+    # Cumulative - InertiaKV per example: niah_a (-100, 0), niah_b (0, 0); mean over subtasks -25.
+    # Resampled within subtasks: niah_a's mean is -100, -50 or 0, niah_b's 0: the 95% interval [-50, 0].
+    assert cells["tiny"]["RULER · Δ [95% CI]"] == "-25.00 [-50.00, +0.00]"
+    assert cells["tiny"]["LongBench · Δ [95% CI]"] == NOT_RUN
+
+
+def test_stratified_p_value_by_hand(frame) -> None:
+    scope = Scope(frame, {"rho": 0.9, "task": "ruler"})
+    p = delta({"variant": "inertia"}, {"variant": "cumulative"}, "p")(frame, scope)
+    # se^2 = var(-100, 0) / 2 / 2^2 = 625 (niah_b adds none), t = 25 / 25 = 1, Welch dof = 1.
+    assert p == f"{2 * scipy_stats.t.sf(1.0, 1):.3f}" == "0.500"
+    assert delta({"variant": "inertia"}, {"variant": "cumulative"}, "mean")(frame, scope) == "-25.00"
 
 
 def test_dialog_tables(frame) -> None:
+    # The fixture's world run is the paper's world (records name it since the world readings).
+    frame = frame.assign(**{"meta.world": frame["task"].where(frame["task"] != "dialogs", "paper")})
     alignment = table("fdkvc_table1", frame)["world · FD-KVC"]
-    assert alignment["mixed"] == "0.625" and alignment["gradual"] == NOT_RUN and alignment["composite"] == "0.625"
-    assert table("fdkvc_table1", frame)["world · FIFO"]["mixed"] == NOT_RUN
+    assert alignment["Mixed"] == "0.625" and alignment["Gradual"] == NOT_RUN and alignment["composite"] == "0.625"
+    assert table("fdkvc_table1", frame)["world · FIFO"]["Mixed"] == NOT_RUN
     adaptation = table("fdkvc_table2", frame)["world · FD-KVC"]
-    assert adaptation["topic_shift"] == "2.50 (50%)"
-    latency = table("fdkvc_table4", frame)["world · FD-KVC"]["latency µs/turn"]
-    assert latency == "10.0"
-    assert table("fdkvc_table5", frame)["world · w_c=0.45"]["alignment (mixed)"] == "0.6250"
+    assert adaptation["Topic Shift"] == "2.50 (50%)"
+    latency = table("fdkvc_table4", frame)["world · FD-KVC"]["latency ms/turn"]
+    assert latency == "0.010"
+    assert table("fdkvc_table5", frame)["world · w_c=0.45"]["alignment (Mixed)"] == "0.6250"
 
 
-def test_diagnostics_table(frame) -> None:
-    cells = table("inertia_table13", load_diagnostics_frame())
-    assert cells["tiny · InertiaKV"]["top-B churn"] == "0.500"
+def test_diagnostics_table(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    run = "tiny__inertia-aaaa0001__ruler-bbbb0001__rho0.9__seed0"
+    shutil.copytree(FIXTURE / run, root / run)
+    config = root / run / "config.yaml"
+    config.write_text(config.read_text() + "diagnostics: true\n")
+    lines = []
+    for example, raw_churn in (("niah_a/0", 0.2), ("niah_a/1", 0.4), ("niah_b/0", 0.6), ("niah_b/1", 0.8)):
+        summary = {"churn_raw": raw_churn, "churn_state": 0.1, "jaccard_raw_state": 0.5, "raw_top_evicted": 0.25}
+        lines.append(json.dumps({"example_id": example, "subtask": example[:6], "budget": 40, "summary": summary}))
+    (root / run / "diagnostics.jsonl").write_text("\n".join(lines) + "\n")
+    cells = table("inertia_table13", load_diagnostics_frame(root))
+    traced = cells["tiny · RULER · α=0.8"]
+    # Means over subtasks of subtask means: (0.3 + 0.7) / 2; trace accuracy is the records' 75.
+    assert traced["raw churn"] == "0.500" and traced["EMA churn"] == "0.100"
+    assert traced["raw/EMA Jaccard"] == "0.500" and traced["raw-top evicted"] == "0.250"
+    assert traced["trace accuracy"] == "75.00"
+    assert set(cells["tiny · RULER · α=0.3"].values()) == {NOT_RUN}
+    # The plain run of the same configuration is not a traced one.
+    assert set(table("inertia_table13", load_diagnostics_frame(FIXTURE)).get("tiny · RULER · α=0.8", {})) <= {NOT_RUN}
 
 
-def load_diagnostics_frame():
+def load_diagnostics_frame(root: Path = FIXTURE):
     from harness.analysis.diagnostics import load_diagnostics
 
-    return annotate(load_diagnostics(FIXTURE), load_configs(FIXTURE))
-
-
-def test_kvpop_relative_to_full(frame) -> None:
-    cells = table("kvpop_table2", frame)
-    assert cells["tiny · Full cache"]["ruler · ρ=0.75"] == "100.0%"
-    assert cells["tiny · InertiaKV"]["ruler · ρ=0.75"] == NOT_RUN
-    assert cells["tiny · InertiaKV"]["aime · ρ=0.88"] == NOT_RUN
+    return annotate(load_diagnostics(root), load_configs(root))
 
 
 def test_markdown_and_latex_are_well_formed() -> None:

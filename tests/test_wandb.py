@@ -101,14 +101,13 @@ def test_one_offline_run_per_job_with_history_and_summary(offline, tmp_path):
 
 
 def test_failing_job_still_finishes_its_run(offline, tmp_path, monkeypatch):
-    original = DialogTask.run_example
+    original = DialogTask.run_batches
 
-    def fails_on_the_second(self, method, example):
-        if example.example_id.endswith("0001"):
-            raise RuntimeError("simulated crash")
-        return original(self, method, example)
+    def fails_on_the_second(self, policy, examples):
+        yield next(original(self, policy, examples))[:1]
+        raise RuntimeError("simulated crash")
 
-    monkeypatch.setattr(DialogTask, "run_example", fails_on_the_second)
+    monkeypatch.setattr(DialogTask, "run_batches", fails_on_the_second)
     with pytest.raises(RuntimeError, match="simulated crash"):
         execute(offline)
     assert wandb.run is None, "the failed job's wandb run was left open"

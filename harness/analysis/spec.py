@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.analysis.stats import PAIR_KEY, compare, select
+from harness.analysis.stats import PAIR_KEY, compare, select, stratified_paired_bootstrap
 from harness.analysis.variants import display, variant
 
 log = logging.getLogger(__name__)
@@ -111,16 +111,40 @@ def _select(frame: pd.DataFrame, where: Where) -> pd.DataFrame:
     return select(frame, present)
 
 
-def models() -> Axis:
-    """One line per model with records (rows name the model actually used); none: one unnamed line."""
-    return lambda frame: [Line(str(m), {"model": m}) for m in sorted(frame["model"].dropna().unique())] or [Line("")]
+def restrict(frame: pd.DataFrame, where: Where) -> pd.DataFrame:
+    """The records of ``frame`` that ``where`` selects (none when it names a column no record has)."""
+    return _select(frame, where)
 
 
-def values(column: str, paper: Sequence[Any] = (), fmt: Callable[[Any], str] = str, extra: bool = True) -> Axis:
-    """One line per value of ``column``: the paper's values (even when not run) plus those present."""
+def models(within: Where | None = None) -> Axis:
+    """One line per model with records (rows name the model actually used); none: one unnamed line.
+
+    ``within`` counts only the models whose records it selects (a table's distinctive runs), so
+    a model that ran other tables' configurations does not add a row of "not run".
+    """
 
     def lines(frame: pd.DataFrame) -> list[Line]:
-        present = frame[column].dropna().unique().tolist() if column in frame.columns and extra else []
+        chosen = _select(frame, within) if within else frame
+        return [Line(str(m), {"model": m}) for m in sorted(chosen["model"].dropna().unique())] or [Line("")]
+
+    return lines
+
+
+def values(
+    column: str,
+    paper: Sequence[Any] = (),
+    fmt: Callable[[Any], str] = str,
+    extra: bool = True,
+    within: Where | None = None,
+) -> Axis:
+    """One line per value of ``column``: the paper's values (even when not run) plus those present.
+
+    ``within`` counts only the values of the records it selects.
+    """
+
+    def lines(frame: pd.DataFrame) -> list[Line]:
+        source = _select(frame, within) if within else frame
+        present = source[column].dropna().unique().tolist() if column in source.columns and extra else []
         chosen = list(dict.fromkeys([*paper, *sorted(present, key=lambda v: (str(type(v)), v))]))
         return [Line(fmt(v), {column: v}) for v in chosen]
 
@@ -232,7 +256,10 @@ def relative_to_full(metric: str = "score", digits: int = 1) -> Cell:
         records = one_per_example(records)
         if records.empty:
             return NOT_RUN
-        where = {k: v for k, v in scope.where.items() if k not in ("variant", "rho", "method")}
+        # The full cache has no method parameters (p.*): a row's budget does not apply to it.
+        where = {
+            k: v for k, v in scope.where.items() if k not in ("variant", "rho", "method") and not k.startswith("p.")
+        }
         full = one_per_example(_select(scope.frame, {**where, "variant": "full"}))
         shared = records.merge(full[[*PAIR_KEY, metric]], on=list(PAIR_KEY), suffixes=("", "_full"))
         reference = benchmark_mean(shared.assign(**{metric: shared[f"{metric}_full"]}), metric)
@@ -299,3 +326,67 @@ def variant_axis(name: str, key: str, grid_values: Sequence[float], label: str, 
         ]
 
     return lines
+
+
+# --------------------------------------------------------------------------- cells in a paper's own units
+def paper_digits(records: pd.DataFrame) -> int:
+    """Decimals as the InertiaKV paper writes them: LongBench-v2 accuracy on 0-1 with 3, others on 0-100 with 2."""
+    return 3 if not records.empty and (records["task"] == "longbench_v2").all() else 2
+
+
+def score(metric: str = "score") -> Cell:
+    """Cell: the benchmark mean (mean of subtask means) in the paper's units and decimals."""
+
+    def cell(records: pd.DataFrame, scope: Scope) -> str:
+        records = one_per_example(records)
+        value = benchmark_mean(records, metric)
+        return NOT_RUN if math.isnan(value) else f"{value:.{paper_digits(records)}f}"
+
+    return cell
+
+
+def _paired_records(scope: Scope, baseline: Where, candidate: Where, metric: str) -> pd.DataFrame:
+    """Examples both sides recorded (with a value): columns subtask, task, ``a`` and ``b``."""
+    base = one_per_example(_select(scope.frame, {**scope.where, **baseline}))
+    cand = one_per_example(_select(scope.frame, {**scope.where, **candidate}))
+    if base.empty or cand.empty:
+        return pd.DataFrame(columns=["subtask", "task", "a", "b"])
+    merged = base[[*PAIR_KEY, metric]].merge(cand[[*PAIR_KEY, metric]], on=list(PAIR_KEY), suffixes=("_a", "_b"))
+    merged = merged.rename(columns={f"{metric}_a": "a", f"{metric}_b": "b"}).dropna(subset=["a", "b"])
+    return merged.assign(subtask=merged["subtask"].fillna(""))
+
+
+def delta(baseline: Where, candidate: Where, show: str = "ci", metric: str = "score") -> Cell:
+    """Cell: candidate minus baseline on shared examples, averaged over subtasks as ``score`` averages.
+
+    The difference of a cell spanning several subtasks is the mean over subtasks of their mean
+    differences (so it equals the difference of the two ``score`` cells on the shared examples),
+    with a 95% interval from 10,000 resamples within each subtask (seed 0) and a stratified
+    t-test p (``harness.analysis.stats.stratified_paired_bootstrap``). ``show``: ``ci`` (the
+    difference and its interval), ``mean`` (the difference alone) or ``p``.
+    """
+    memo: dict[tuple[int, str], Any] = {}
+
+    def comparison(scope: Scope) -> tuple[Any, int] | None:
+        key = (id(scope.frame), repr(sorted(scope.where.items(), key=str)))
+        if key not in memo:
+            pairs = _paired_records(scope, baseline, candidate, metric)
+            memo[key] = (
+                (stratified_paired_bootstrap(pairs["a"], pairs["b"], pairs["subtask"]), paper_digits(pairs))
+                if len(pairs)
+                else None
+            )
+        return memo[key]
+
+    def cell(records: pd.DataFrame, scope: Scope) -> str:
+        result = comparison(scope)
+        if result is None:
+            return NOT_RUN
+        stats, digits = result
+        if show == "p":
+            return "n/a" if math.isnan(stats.p_value) else ("<1e-4" if stats.p_value < 1e-4 else f"{stats.p_value:.3f}")
+        if show == "mean":
+            return f"{stats.mean_diff:+.{digits}f}"
+        return f"{stats.mean_diff:+.{digits}f} [{stats.ci_low:+.{digits}f}, {stats.ci_high:+.{digits}f}]"
+
+    return cell

@@ -333,3 +333,68 @@ def compare(
             )
         out.append({**dict(zip(by, (*outer_key, AVERAGE), strict=True)), **summarize(outer_rows)})
     return pd.DataFrame(out, columns=[*by, *_row(None).keys(), "unpaired_baseline", "unpaired_candidate"])
+
+
+@dataclass(frozen=True)
+class StratifiedComparison:
+    """Paired difference averaged over strata (subtasks) with equal weight, as a benchmark mean is.
+
+    ``mean_diff`` is the mean over strata of each stratum's mean ``b - a``; ``[ci_low, ci_high]``
+    the percentile interval of that statistic when every stratum is resampled on its own;
+    ``p_value`` the two-sided test of ``mean_diff = 0`` with the stratified standard error and
+    Welch-Satterthwaite degrees of freedom (the paired t-test when there is one stratum).
+    """
+
+    mean_diff: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    n: int
+    strata: int
+
+
+def stratified_paired_bootstrap(
+    a: ArrayLike,
+    b: ArrayLike,
+    strata: ArrayLike,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> StratifiedComparison:
+    """``b - a`` averaged over ``strata`` with equal weight; CI by resampling within each stratum.
+
+    A benchmark score is the mean over subtasks of the subtask means, so its paired difference
+    is the mean over subtasks of the per-subtask mean differences; pooling the examples instead
+    weighs large subtasks more. Stratum ``i`` is resampled with seed ``seed + i`` (strata in
+    sorted order), so the result depends on the data, ``n_resamples`` and ``seed`` only.
+    """
+    a_arr, b_arr = _paired_arrays(a, b)
+    labels = np.asarray(strata, dtype=object).ravel()
+    if labels.shape != a_arr.shape:
+        raise ValueError(f"strata ({labels.size}) and samples ({a_arr.size}) differ in length")
+    diff = b_arr - a_arr
+    groups = [diff[labels == label] for label in sorted(set(labels.tolist()), key=str)]
+    if len(groups) == 1:
+        single = paired_bootstrap(a_arr, b_arr, n_resamples=n_resamples, seed=seed, confidence=confidence)
+        return StratifiedComparison(single.mean_diff, single.ci_low, single.ci_high, single.p_value, single.n, 1)
+    count = len(groups)
+    mean_diff = float(np.mean([g.mean() for g in groups]))
+    draws = np.zeros(n_resamples)
+    for index, group in enumerate(groups):
+        draws += group.mean() if _constant(group) is not None else bootstrap_means(group, n_resamples, seed + index)
+    draws /= count
+    tail = (1.0 - confidence) / 2.0
+    if _constant(draws - draws.mean()) is not None:
+        ci_low = ci_high = mean_diff
+    else:
+        ci_low, ci_high = (float(q) for q in np.quantile(draws, [tail, 1 - tail]))
+    # Var of the mean of stratum means: sum_i var_i / n_i / S^2; a one-example stratum adds none.
+    parts = [g.var(ddof=1) / g.size / count**2 if g.size > 1 else 0.0 for g in groups]
+    se = math.sqrt(sum(parts))
+    if se == 0:
+        p_value = 1.0 if abs(mean_diff) <= _ROUNDING else 0.0
+    else:
+        dof_terms = [p**2 / (g.size - 1) for p, g in zip(parts, groups, strict=True) if g.size > 1 and p > 0]
+        dof = sum(parts) ** 2 / sum(dof_terms) if dof_terms else math.inf
+        p_value = float(2 * scipy_stats.t.sf(abs(mean_diff) / se, dof))
+    return StratifiedComparison(mean_diff, ci_low, ci_high, p_value, int(diff.size), count)

@@ -24,22 +24,40 @@ LABELS: dict[str, str] = {
     "streaming_llm": "StreamingLLM",
     "h2o": "H2O",
     "tova": "TOVA",
+    "tova_decode": "TOVA (decode-time)",
     "snapkv": "SnapKV",
     "inertia": "InertiaKV",
     "inertia_lazy": "InertiaKV Lazy-4",
     "score_free": "Score-Free",
     "cumulative": "Cumulative",
     "single_step": "Single-step",
+    "inertia_reserve": "InertiaKV + static reserve",
+    "inertia_rescue": "InertiaKV + first-eviction rescue",
+    "inertia_aux": "Auxiliary (reserve + rescue)",
+    "inertia_adaptive": "Adaptive α",
+    "inertia_reactive": "Reactive trigger",
+    "fixed_budget": "Fixed budget",
+    "adakv_ea": "AdaKV+EA",
+    "kvzip": "KVzip",
+    "kvzip_mask": "KVzip (mask)",
+    "keydiff": "KeyDiff",
+    "bilinear": "Learned bilinear",
     "fdkvc": "FD-KVC",
     "fifo": "FIFO",
     "sink_window": "Sink(4)+Window",
     "kvpop": "KVpop",
     "kvpop_mlp": "KVpop (MLP)",
+    "kvpop_immediate": "KVpop (no delay)",
+    "dms": "DMS",
+    "streaming_llm_plus": "StreamingLLM+",
 }
 
 # Keys of a method config that never distinguish variants: the name is the variant's stem,
-# and selection.rho is the run's rho (an interpolation), already an identity column.
-_NOT_PARAMS = frozenset({"name", "selection.rho"})
+# and selection.rho (KVpop's: rho) is the run's rho (an interpolation), already an identity column.
+# A learned scorer's model and checkpoint follow the run's model (their defaults interpolate
+# model.name): the model is an identity column and the checkpoint's digest is in the run id, so
+# the learned bilinear scorer is one variant per model.
+_NOT_PARAMS = frozenset({"name", "selection.rho", "rho", "scorer.model", "scorer.checkpoint"})
 
 Where = Mapping[str, Any]
 
@@ -122,7 +140,8 @@ def annotate(frame: pd.DataFrame, configs: Mapping[str, Mapping[str, Any]]) -> p
     """``frame`` with a ``variant`` label and a ``p.<key>`` column per method parameter.
 
     A run without a config (copied records only) keeps its method name and hash as variant,
-    so it never silently stands in for the named default.
+    so it never silently stands in for the named default. A ``diagnostics=true`` run carries
+    ``diagnostics=True`` in its label (its timings differ), so it never stands in for a plain run.
     """
     frame = frame.copy()
     labels: dict[str, str] = {}
@@ -136,6 +155,8 @@ def annotate(frame: pd.DataFrame, configs: Mapping[str, Mapping[str, Any]]) -> p
             params[run_id] = {}
             continue
         flat = flatten_method(config)
+        if (configs.get(run_id) or {}).get("diagnostics"):
+            flat["diagnostics"] = True
         params[run_id] = flat
         labels[run_id] = variant(method, flat) if _defaults(method) is not None else f"{method}#{method_hash}"
     frame["variant"] = frame["run_id"].map(labels)

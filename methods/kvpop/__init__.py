@@ -1,7 +1,8 @@
-"""KVpop: learned per-KV-head eviction (scorers, checkpoints, the inference policy)."""
+"""KVpop: learned per-KV-head eviction (scorers, checkpoints, ranking, the inference policy, the teacher recall)."""
 
 from methods.kvpop.checkpoint import CheckpointInfo, load_checkpoint, save_checkpoint
-from methods.kvpop.policy import KVpop, effective_score, static_base, static_priority
+from methods.kvpop.policy import KVpop, state_entries
+from methods.kvpop.ranking import effective_score, static_base, static_priority
 from methods.kvpop.scorers import MLPScorer, MLSTMScorer, build_scorer
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "effective_score",
     "load_checkpoint",
     "save_checkpoint",
+    "state_entries",
     "static_base",
     "static_priority",
 ]

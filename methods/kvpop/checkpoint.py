@@ -1,9 +1,12 @@
-"""KVpop scorer checkpoints: safetensors weights plus the model and training config in the metadata.
+"""Checkpoints of a learned eviction policy (KVpop's scorers, DMS's gates): safetensors weights plus
+the model and training config in the metadata.
 
-The metadata (``kvpop`` key, JSON) is the single source of truth for what the scorer serves:
-the model name and attention geometry it was trained on, the scorer's hyper-parameters and
-the policy it was trained for (``sinks``, ``window``, ``k``, ``bucket``). A JSON copy is
-written next to the weights for people.
+The metadata (``kvpop`` key, JSON) is the single source of truth for what the policy serves:
+the model name and attention geometry it was trained on, the scorer's hyper-parameters, the
+policy it was trained for (``sinks``, ``window``, ``k``, ``bucket``, and ``budget``, the per-head
+memory budget ``B``), the objective that trained it (``kvpop`` or ``dms``) and, when the base
+model was fine-tuned with it (the paper's joint recipe), the folder of those weights. A JSON
+copy is written next to the weights for people.
 """
 
 from __future__ import annotations
@@ -32,8 +35,12 @@ class CheckpointInfo:
         model: model name (``conf/model`` name, e.g. ``smollm2_135m``).
         layers, kv_heads, head_dim: its attention geometry.
         scorer: scorer hyper-parameters (``kind`` plus the constructor arguments).
-        policy: ``sinks``, ``window``, ``k``, ``bucket`` the scorer was trained for.
+        policy: ``sinks``, ``window``, ``k``, ``bucket`` (and ``budget``) the scorer was trained for.
         train: the training config, for provenance.
+        objective: what trained the scorer: ``kvpop`` (the boundary loss on future attention) or
+            ``dms`` (DMS's relaxed eviction gates); a policy serves only its own kind.
+        base_model: folder of the base model fine-tuned jointly with the scorer (None: the scorer
+            was trained on the frozen base model).
     """
 
     model: str
@@ -43,6 +50,8 @@ class CheckpointInfo:
     scorer: dict[str, Any]
     policy: dict[str, int]
     train: dict[str, Any] = field(default_factory=dict)
+    objective: str = "kvpop"
+    base_model: str | None = None
 
     def describe(self) -> str:
         return f"{self.model} ({self.layers} layers, {self.kv_heads} KV heads, head_dim {self.head_dim})"

@@ -2,6 +2,6 @@
 
 from tasks.dialogs.policy import CachePolicy
 from tasks.dialogs.task import DialogTask
-from tasks.dialogs.world import SCENARIOS, Scenario, WorldConfig
+from tasks.dialogs.world import BENCHMARK, SCENARIOS, SCHEDULES, Scenario, WorldConfig
 
-__all__ = ["SCENARIOS", "CachePolicy", "DialogTask", "Scenario", "WorldConfig"]
+__all__ = ["BENCHMARK", "SCENARIOS", "SCHEDULES", "CachePolicy", "DialogTask", "Scenario", "WorldConfig"]

@@ -44,14 +44,15 @@ def supports_thinking(tokenizer: Any) -> bool:
     return "enable_thinking" in (getattr(tokenizer, "chat_template", None) or "")
 
 
-def encode(tokenizer: Any, prompt: str, thinking: bool | None) -> list[int]:
-    """Prefill ids of ``prompt`` as the user turn of the chat template (raw text without a template)."""
+def encode(tokenizer: Any, prompt: str, thinking: bool | None, system: str | None = None) -> list[int]:
+    """Prefill ids of ``prompt`` as the user turn of the chat template, after ``system`` as the system turn
+    when given (raw text, the system text first, without a template)."""
     if not getattr(tokenizer, "chat_template", None):
-        return list(tokenizer(prompt, verbose=False)["input_ids"])
+        text = prompt if system is None else f"{system}\n\n{prompt}"
+        return list(tokenizer(text, verbose=False)["input_ids"])
     switch = {"enable_thinking": thinking} if thinking is not None and supports_thinking(tokenizer) else {}
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True, **switch
-    )
+    turns = [{"role": "system", "content": system}] * (system is not None) + [{"role": "user", "content": prompt}]
+    text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, **switch)
     return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
 
 

@@ -1,7 +1,8 @@
-"""``python -m harness.training.kvpop model=<model> kvpop.sinks=4 kvpop.window=32 kvpop.k=96``: train a KVpop scorer.
+"""``python -m harness.training.kvpop kvpop_recipe=<row> kvpop.budget=<B>``: train a row of KVpop's tables.
 
-The config is ``conf/train_kvpop.yaml``; the checkpoint is written to ``output`` with its model,
-geometry and training config, ready for ``method=kvpop method.checkpoint=<path>``.
+The config is ``conf/train_kvpop.yaml`` (rows: ``conf/kvpop_recipe/``, scales: ``conf/kvpop_scale/``);
+the row's folder ``output`` holds the fine-tuned base model and the policy checkpoint, with the
+model, geometry and training config they were made with.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from harness.training.kvpop.train import train
 @hydra.main(config_path="../../../conf", config_name="train_kvpop", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     summary = train(cfg)
-    print(json.dumps({"checkpoint": summary["checkpoint"], "final": summary["history"][-1]}))
+    print(json.dumps({"output": summary["output"], "k": summary["k"], "final": summary["history"][-1]}))
 
 
 if __name__ == "__main__":

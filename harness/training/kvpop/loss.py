@@ -1,31 +1,49 @@
-"""KVpop's training objective: teacher top-k at sampled query positions and a pairwise boundary loss.
+"""KVpop's training objective: teacher decisions at sampled query positions and the pairwise boundary loss.
 
-At a query position ``q`` (after saturation: more than ``k`` candidates), the candidates are the
-tokens ``s <= t <= q - w`` (neither sink nor in the recent window). Teacher and student rank them
-with the same decay, ``score + floor((q - t) / n) log gamma_h``; the teacher keeps its top ``k``.
-Each teacher-kept token is pushed above the teacher's first dropped token (the cutoff on the drop
-side) and each dropped token below the teacher's last kept one, with ``softplus(-diff / tau)``.
+KVpop (arXiv 2607.05061), Sec. 3.1 and App. B. At a query position ``q`` after saturation
+(``q >= s + w + k``, Eq. 25) the token ``t_new = q - w`` has just become eligible (Eq. 4). Teacher
+and student rank the eligible tokens with the same decay, ``score + floor((q - t) / n) log gamma_h``
+(Eq. 5). The teacher's label ``y`` says whether ``t_new`` is retained (Eq. 6) and ``t_bnd`` is the
+token at its cutoff; the loss is ``w * softplus(-y (z_new - z_bnd) / tau)`` on the student's
+effective scores ``z`` (Eq. 7), with the margin weight of Eq. 23 and the keep/drop balance of Eq. 24.
+
+Reading of ``t_bnd`` (the paper: "the last retained token under the teacher ranking"):
+``boundary=displaced`` (default) takes the ``k``-th best of the *other* eligible tokens, the one
+``t_new`` displaces when kept and which stays kept when ``t_new`` is dropped: both labels then
+compare ``t_new`` with the token it actually competes with. ``boundary=last_kept`` takes the
+``k``-th of all eligible tokens, ``t_new`` included, which is ``t_new`` itself when it enters last
+(a zero-margin pair). For ``y = -1`` the two coincide.
+
+``cutoff_loss`` is the objective of the earlier scorer-only recipe: every candidate against the
+teacher's cutoff on its side.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from methods.kvpop.policy import effective_score
+from methods.kvpop.ranking import top_k
+
+BOUNDARIES = ("displaced", "last_kept")
 
 
 def sample_queries(
     length: int, first: int, count: int, late_fraction: float, generator: torch.Generator, late_power: float = 2.0
 ) -> Tensor:
-    """``count`` query positions in ``[first, length - 1]``: uniform, mixed with a late-biased share.
+    """``count`` query positions in ``[first, length - 1]``: uniform, mixed with a late-biased share (App. B.6).
 
     A late-biased draw is ``first + floor(u ** (1 / late_power) * span)`` (density rising with the
     position): late queries see the most tokens and the longest eviction histories.
     """
     if first > length - 1:
-        raise ValueError(f"no query position after saturation: need sequences longer than s + w + k = {first}")
+        raise ValueError(
+            f"no query position after saturation: the training windows of {length} tokens are not longer than "
+            f"s + w + k = {first} — raise data.length or lower kvpop.budget"
+        )
     span = length - first
     uniform = torch.rand(count, generator=generator)
     late = torch.rand(count, generator=generator) ** (1.0 / late_power)
@@ -34,30 +52,118 @@ def sample_queries(
     return first + (draws * span).long().clamp_max(span - 1)
 
 
-def candidates(queries: Tensor, length: int, sinks: int, window: int) -> Tensor:
-    """``(Q, S)`` mask of the tokens evictable at each query: ``sinks <= t <= q - window``."""
-    positions = torch.arange(length, device=queries.device)
-    return (positions[None, :] >= sinks) & (positions[None, :] <= queries[:, None] - window)
+@dataclass(frozen=True)
+class Weighting:
+    """The optional weights of Eq. 7 (App. B.4-B.5).
+
+    Parameters:
+        margin_min: ``omega_min`` of Eq. 23 (None: no margin weight).
+        margin_tau: ``tau_omega``, the sharpness of Eq. 23.
+        balance: keep/drop balancing per head (Eq. 24).
+        balance_min, balance_max: ``c_min``, ``c_max``, the clip of Eq. 24.
+    """
+
+    margin_min: float | None = 0.1
+    margin_tau: float = 1.0
+    balance: bool = True
+    balance_min: float = 0.1
+    balance_max: float = 10.0
 
 
-def decayed(scores: Tensor, queries: Tensor, log_gamma: Tensor, bucket: int) -> Tensor:
-    """``(..., Q, S)`` effective scores of ``scores (..., S)`` at each query, ``log_gamma (...)``."""
-    positions = torch.arange(scores.shape[-1], device=scores.device)
-    return effective_score(scores[..., None, :], positions, queries[:, None], log_gamma[..., None, None], bucket)
+@dataclass
+class Decisions:
+    """The teacher's boundary decisions at sampled queries, flattened over ``(rows, Q)``.
+
+    ``label`` is +1 when ``t_new`` is retained, -1 when dropped; ``new``/``boundary`` index the two
+    tokens of each pair along the sequence; ``margin`` is Eq. 22's ``Delta >= 0``; ``head`` the row.
+    """
+
+    label: Tensor
+    new: Tensor
+    boundary: Tensor
+    margin: Tensor
+    head: Tensor
 
 
-def top_k(scores: Tensor, mask: Tensor, k: int) -> Tensor:
-    """Boolean mask of the ``k`` highest ``scores`` among ``mask`` per row (all of them if fewer)."""
-    ranked = scores.masked_fill(~mask, -torch.inf).topk(min(k, scores.shape[-1]), dim=-1).indices
-    chosen = torch.zeros_like(mask).scatter_(-1, ranked, True)
-    return chosen & mask
+def teacher_decisions(teacher: Tensor, mask: Tensor, queries: Tensor, window: int, k: int, boundary: str) -> Decisions:
+    """Eq. 6 and the cutoff token at each query, from the teacher's effective scores ``(rows, Q, S)``.
+
+    ``mask`` ``(Q, S)`` marks the eligible tokens; every query must have at least ``k + 1`` of them.
+    """
+    if boundary not in BOUNDARIES:
+        raise ValueError(f"train.boundary={boundary!r} is not a reading of t_bnd — use one of {', '.join(BOUNDARIES)}")
+    rows, count, _ = teacher.shape
+    new = (queries - window)[None, :].expand(rows, -1)
+    teacher = teacher.detach()
+    pool = mask.clone()
+    if boundary == "displaced":
+        pool[torch.arange(count), queries - window] = False
+    pool = pool.expand_as(teacher)
+    # The k-th best of the pool: the lowest of its top-k.
+    ranked = teacher.masked_fill(~pool, -torch.inf).topk(k, dim=-1)
+    cut = ranked.indices[..., -1]
+    new_score = teacher.gather(-1, new[..., None])[..., 0]
+    cut_score = ranked.values[..., -1]
+    if boundary == "displaced":
+        label = torch.where(new_score > cut_score, 1.0, -1.0)
+    else:
+        label = torch.where(top_k(teacher, mask.expand_as(teacher), k).gather(-1, new[..., None])[..., 0], 1.0, -1.0)
+    head = torch.arange(rows, device=teacher.device)[:, None].expand(-1, count)
+    return Decisions(
+        label.flatten(),
+        new.flatten(),
+        cut.flatten(),
+        (label * (new_score - cut_score)).clamp_min(0.0).flatten(),
+        head.flatten(),
+    )
+
+
+def decision_weights(decisions: Decisions, rows: int, weighting: Weighting) -> Tensor:
+    """``omega`` of Eq. 7: the margin weight (Eq. 23) times the mean-normalised balance weight (Eq. 24)."""
+    weight = torch.ones_like(decisions.margin)
+    if weighting.margin_min is not None:
+        low = weighting.margin_min
+        weight = low + (1.0 - low) * torch.sigmoid(decisions.margin / weighting.margin_tau)
+    if weighting.balance:
+        keep = decisions.label > 0
+        kept = torch.zeros(rows, device=weight.device).index_add_(0, decisions.head, keep.float())
+        total = torch.zeros(rows, device=weight.device).index_add_(0, decisions.head, torch.ones_like(weight))
+        share = (kept / total.clamp_min(1))[decisions.head]
+        raw = torch.where(keep, 1.0 / (2.0 * share), 1.0 / (2.0 * (1.0 - share)))
+        balance = raw.clamp(weighting.balance_min, weighting.balance_max)
+        weight = weight * balance / balance.mean()
+    return weight
 
 
 def boundary_loss(
+    student: Tensor,
+    teacher: Tensor,
+    mask: Tensor,
+    queries: Tensor,
+    window: int,
+    k: int,
+    temperature: float = 1.0,
+    weighting: Weighting = Weighting(),
+    boundary: str = "displaced",
+) -> Tensor:
+    """Eq. 7 over the sampled queries: ``mean(omega * softplus(-y (z_new - z_bnd) / tau))``.
+
+    ``student`` and ``teacher`` are effective scores ``(rows, Q, S)`` (rows: KV heads, of one or
+    several layers), ``mask`` ``(Q, S)`` the eligible tokens, ``queries`` ``(Q,)`` the positions.
+    """
+    decisions = teacher_decisions(teacher, mask, queries, window, k, boundary)
+    flat = student.reshape(-1, student.shape[-1])
+    z_new = flat.gather(-1, decisions.new[:, None])[:, 0]
+    z_bnd = flat.gather(-1, decisions.boundary[:, None])[:, 0]
+    weight = decision_weights(decisions, student.shape[0], weighting)
+    return (weight * F.softplus(-decisions.label * (z_new - z_bnd) / temperature)).mean()
+
+
+def cutoff_loss(
     student: Tensor, teacher: Tensor, mask: Tensor, k: int, temperature: float = 1.0, margin: float | None = 1.0
 ) -> Tensor:
-    """Pairwise softplus loss against the teacher's cutoff tokens, keep/drop balanced; rows with
-    at most ``k`` candidates are skipped.
+    """The scorer-only recipe's loss: every candidate against the teacher's cutoff, keep/drop balanced;
+    rows with at most ``k`` candidates are skipped.
 
     Per row (``(..., T)`` effective scores, ``mask`` the candidates): ``K`` = teacher top-k,
     ``D`` = the other candidates, ``c_K`` = the lowest teacher score in ``K``, ``c_D`` = the highest
@@ -83,10 +189,3 @@ def boundary_loss(
 
     per_row = 0.5 * (side(keep, drop_cut, 1.0) + side(drop, keep_cut, -1.0))
     return per_row[rows].mean() if rows.any() else student.sum() * 0.0
-
-
-def retention_recall(student: Tensor, teacher: Tensor, mask: Tensor, k: int) -> Tensor:
-    """Per row, the share of the teacher's top-k the student's top-k retains (rows past saturation)."""
-    teacher_keep = top_k(teacher, mask, k)
-    student_keep = top_k(student, mask, k)
-    return (teacher_keep & student_keep).sum(-1) / teacher_keep.sum(-1).clamp_min(1)

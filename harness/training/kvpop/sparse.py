@@ -1,117 +1,119 @@
-"""KVpop's fixed-budget sparse attention for base-model distillation, and the StreamingLLM+ pattern.
+"""Training-time attention under an eviction pattern, the whole sequence in one forward (KVpop, App. C).
 
-With static priorities (``n = 1``, ``methods.kvpop.policy``), sequential eviction keeps exactly the
-top-k candidates by priority, so a whole sequence can be run in one forward with the attention
-pattern the engine produces token by token: query ``q`` sees the sinks, the window
-``[q - w, q]`` and the ``k`` highest-priority tokens among ``[s, q - 1 - w]`` (the cache after the
-eviction of step ``q - 1``, plus the new token). The running top-k over a growing candidate set is
-a Fenwick tree over priority ranks (``O(S log S)`` per head). Distillation fine-tunes the base
-model so that under this mask its next-token distribution matches the dense model's (KL).
-StreamingLLM+ trains the same way with the fixed sinks + recent pattern of the same budget.
+While decoding, the cache holds only the kept entries; in training one parallel mask over the
+sequence reproduces what every query sees: the sinks, the window ``[q - w, q]`` and the ``k`` best
+of ``[s, q - 1 - w]`` (the engine's cache after step ``q - 1``, plus the new token). KVpop ranks by
+the scorer's static priorities (``methods.kvpop.ranking.drop_times``); StreamingLLM+ keeps the
+``w + k + 1`` most recent instead; DMS adds the soft bias ``log(1 - alpha_t)`` to tokens past the
+window (its relaxed gates). ``dense`` builds the ``S x S`` pattern per KV head (CPU, short
+sequences); ``flex`` evaluates the same predicate inside FlexAttention (CUDA, no ``S x S`` matrix).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.nn import functional as F
-from transformers import PreTrainedModel
 
-from harness.attention import AttentionFunction, Call
+from harness.attention import Call
+from methods.kvpop.ranking import drop_times, kept_mask
+
+ATTENTIONS = ("auto", "dense", "flex")
 
 
-def running_topk_rank(priority: Tensor, sinks: int, window: int, k: int) -> Tensor:
-    """For every query ``q``, the largest priority rank kept among candidates ``[s, q - 1 - w]``.
-
-    ``priority`` ``(rows, S)``; rank 0 is the highest priority of a row (ties broken by position).
-    Returns ``(rows, S)`` ranks (``-1``: no candidate yet; all candidates kept while fewer than k).
-    A Fenwick tree counts the candidate ranks inserted so far; binary lifting finds the k-th smallest.
-    """
-    rows, length = priority.shape
-    order = priority.argsort(dim=-1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(1, order, torch.arange(length).expand(rows, -1))
-    tree = torch.zeros(rows, length + 1, dtype=torch.long)
-    counts = torch.zeros(rows, dtype=torch.long)
-    out = torch.full((rows, length), -1, dtype=torch.long)
-    top_bit = 1 << (length.bit_length() - 1) if length else 0
-    row_index = torch.arange(rows)
-    for query in range(length):
-        newest = query - 1 - window
-        if newest >= sinks:
-            index = rank[:, newest] + 1
-            while True:  # Fenwick insert of one rank per row (all rows move in lockstep)
-                live = index <= length
-                if not live.any():
-                    break
-                tree[row_index[live], index[live]] += 1
-                index = index + (index & -index)
-            counts += 1
-        if counts[0] == 0:
-            continue
-        need = counts.clamp_max(k)
-        position = torch.zeros(rows, dtype=torch.long)
-        step = top_bit
-        while step:  # largest position with prefix count < need: the need-th rank is position
-            ahead = position + step
-            fits = ahead <= length
-            value = tree[row_index, ahead.clamp_max(length)]
-            move = fits & (value < need)
-            need = need - torch.where(move, value, 0)
-            position = torch.where(move, ahead, position)
-            step >>= 1
-        out[:, query] = position  # 1-based tree index - 1 = 0-based rank
-    return out
+def resolve_attention(kind: str, device: torch.device) -> str:
+    """``auto``: FlexAttention where it compiles (CUDA), else the dense pattern."""
+    if kind not in ATTENTIONS:
+        raise ValueError(f"train.attention={kind!r} is not an attention path — use one of {', '.join(ATTENTIONS)}")
+    if kind == "auto":
+        return "flex" if device.type == "cuda" else "dense"
+    return kind
 
 
 def kvpop_mask(priority: Tensor, sinks: int, window: int, k: int) -> Tensor:
     """``(rows, S, S)`` boolean attention pattern of the KVpop policy for static ``priority`` ``(rows, S)``."""
-    length = priority.shape[-1]
-    order = priority.argsort(dim=-1, descending=True, stable=True)
-    rank = torch.empty_like(order).scatter_(-1, order, torch.arange(length).expand_as(order))
-    threshold = running_topk_rank(priority, sinks, window, k)
-    queries = torch.arange(length)[:, None]
-    keys = torch.arange(length)[None, :]
-    fixed = (keys <= queries) & ((keys < sinks) | (keys >= queries - window))
-    candidate = (keys >= sinks) & (keys <= queries - 1 - window)
-    chosen = candidate[None] & (rank[:, None, :] <= threshold[:, :, None])
-    return fixed[None] | chosen
+    return kept_mask(drop_times(priority, sinks, window, k), sinks, window)
+
+
+def streaming_drop(rows: int, length: int, window: int, k: int, device: torch.device) -> Tensor:
+    """StreamingLLM+'s pattern as drop times: a token leaves when it falls out of the ``w + k + 1`` latest."""
+    drop = torch.arange(length, device=device) + 1 + window + k
+    return drop.clamp_max(length).expand(rows, -1)
 
 
 def streaming_mask(length: int, sinks: int, window: int, k: int) -> Tensor:
     """``(S, S)`` StreamingLLM+ pattern with the same budget: sinks and the ``w + k + 1`` latest tokens."""
-    queries = torch.arange(length)[:, None]
-    keys = torch.arange(length)[None, :]
-    return (keys <= queries) & ((keys < sinks) | (keys >= queries - window - k))
+    return kept_mask(streaming_drop(1, length, window, k, torch.device("cpu")), sinks, window)[0]
 
 
-def _masked(masks: list[Tensor], call: Call) -> tuple[Tensor, None]:
-    """Attention under the active per-layer mask ``(kv_heads or 1, S, S)`` (dense masked SDPA; a
-    FlexAttention block mask is the GPU-scale form of the same pattern)."""
-    group = call.query.shape[1] // call.key.shape[1]
-    mask = masks[call.layer].to(call.query.device)
-    mask = mask.repeat_interleave(group, dim=0) if mask.shape[0] > 1 else mask
-    output = F.scaled_dot_product_attention(
+def _flex(call: Call, mask_mod, score_mod=None) -> tuple[Tensor, Tensor]:
+    from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
+
+    length = call.query.shape[2]
+    attend = torch.compile(flex_attention) if call.query.device.type == "cuda" else flex_attention
+    mask = create_block_mask(mask_mod, None, None, length, length, device=str(call.query.device))
+    output, aux = attend(
         call.query,
-        call.key.repeat_interleave(group, dim=1),
-        call.value.repeat_interleave(group, dim=1),
-        attn_mask=mask[None],
+        call.key,
+        call.value,
+        score_mod=score_mod,
+        block_mask=mask,
         scale=call.scaling,
+        enable_gqa=True,
+        return_aux=AuxRequest(lse=True),
     )
-    return output.transpose(1, 2).contiguous(), None
+    return output.transpose(1, 2).contiguous(), aux.lse[0].float()
 
 
-#: ``with SPARSE.active(masks, model):`` runs ``model`` with ``masks[layer]`` as its attention pattern.
-SPARSE = AttentionFunction("kvpop_sparse", _masked)
+def attend_kept(call: Call, drop: Tensor, sinks: int, window: int, kind: str) -> tuple[Tensor, Tensor]:
+    """Attention where query ``q`` sees the sinks, its window and the candidates with ``q < drop``.
 
-
-def distillation_loss(model: PreTrainedModel, ids: Tensor, masks: list[Tensor], first: int) -> Tensor:
-    """``KL(dense || sparse)`` of the next-token distributions at positions ``>= first`` of ``ids`` ``(1, S)``.
-
-    The dense teacher is the same model without the mask (no gradient); the student is the model
-    under ``masks``, so the fine-tuned weights learn to work with the evicted cache.
+    ``drop`` ``(kv_heads or 1, S)``. Returns the output ``(1, S, H, D)`` and the sparse
+    log-normalisers ``(H, S)`` (detached), which the future-attention target reuses (Eq. 9).
     """
-    with torch.no_grad():
-        teacher = model(input_ids=ids, use_cache=False).logits[0, first:].float().log_softmax(-1)
-    with SPARSE.active(masks, model):
-        student = model(input_ids=ids, use_cache=False).logits[0, first:].float().log_softmax(-1)
-    return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+    group = call.query.shape[1] // drop.shape[0] if drop.shape[0] > 1 else call.query.shape[1]
+    if kind == "flex":
+
+        def kept(b: Tensor, h: Tensor, q: Tensor, t: Tensor) -> Tensor:
+            candidate = (t >= sinks) & (t <= q - 1 - window) & (q < drop[h // group, t])
+            return (t <= q) & ((t < sinks) | (t >= q - window) | candidate)
+
+        output, lse = _flex(call, kept)
+        return output, lse.detach()
+    mask = kept_mask(drop, sinks, window).to(call.query.device).repeat_interleave(group, dim=0)
+    heads = call.query.shape[1]
+    key = call.key.repeat_interleave(heads // call.key.shape[1], dim=1)
+    value = call.value.repeat_interleave(heads // call.value.shape[1], dim=1)
+    # One explicit pass gives the output and the log-normalisers together.
+    logits = ((call.query @ key.transpose(-1, -2)) * call.scaling).float().masked_fill(~mask[None], -torch.inf)
+    lse = logits.logsumexp(-1, keepdim=True)
+    output = (logits - lse).exp().to(call.query.dtype) @ value
+    return output.transpose(1, 2).contiguous(), lse[0, ..., 0].detach()
+
+
+def attend_soft(call: Call, log_keep: Tensor, sinks: int, window: int, kind: str) -> Tensor:
+    """Causal attention with ``log_keep[h, t]`` added for keys past the window (DMS's relaxed eviction).
+
+    ``log_keep`` ``(kv_heads, S)`` is ``log(1 - alpha_t)``; gradients reach it through the bias.
+    Returns the output ``(1, S, H, D)``.
+    """
+    heads, length = call.query.shape[1], call.query.shape[2]
+    group = heads // log_keep.shape[0]
+    if kind == "flex":
+
+        def causal(b: Tensor, h: Tensor, q: Tensor, t: Tensor) -> Tensor:
+            return t <= q
+
+        def bias(score: Tensor, b: Tensor, h: Tensor, q: Tensor, t: Tensor) -> Tensor:
+            past = (t >= sinks) & (t <= q - 1 - window)
+            return score + torch.where(past, log_keep[h // group, t], 0.0)
+
+        return _flex(call, causal, bias)[0]
+    index = torch.arange(length, device=call.query.device)
+    past = (index[None, :] >= sinks) & (index[None, :] <= index[:, None] - 1 - window)
+    extra = torch.where(past[None], log_keep[:, None, :], 0.0).repeat_interleave(group, dim=0)
+    extra = extra.masked_fill(index[None, :] > index[:, None], -torch.inf)
+    key = call.key.repeat_interleave(heads // call.key.shape[1], dim=1)
+    value = call.value.repeat_interleave(heads // call.value.shape[1], dim=1)
+    logits = (call.query @ key.transpose(-1, -2)) * call.scaling + extra[None].to(call.query.dtype)
+    output = logits.float().softmax(-1).to(call.query.dtype) @ value
+    return output.transpose(1, 2).contiguous()

@@ -10,14 +10,18 @@ The sum runs over the *query* axis of the attention, a transposed pass: first th
 every query row (blockwise), then per key block the sum of ``exp(s - lse_d)`` over query blocks.
 ``flex`` runs the same transposed pass through FlexAttention, whose log-sum-exp output over the
 (masked) query axis is ``log mass`` directly.
+
+The normalisers of the first pass are the dense causal ones (Eq. 8, exact). KVpop's training
+(Sec. 3.2, Eq. 9) reuses instead the log-normalisers of the student's sparse attention, which the
+sparse pass computes anyway; ``lse`` takes those.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
+
+from methods.kvpop.recall import target_from_mass
 
 METHODS = ("chunked", "flex", "dense")
 
@@ -42,10 +46,12 @@ def row_logsumexp(queries: Tensor, keys: Tensor, scaling: float, block: int) -> 
     return out
 
 
-def future_mass_chunked(queries: Tensor, keys: Tensor, scaling: float, window: int, block: int = 256) -> Tensor:
+def future_mass_chunked(
+    queries: Tensor, keys: Tensor, scaling: float, window: int, block: int = 256, lse: Tensor | None = None
+) -> Tensor:
     """``mass_g(t)`` ``(H, S)`` for every query head, by the exact two-pass blockwise method."""
     heads, length, _ = queries.shape
-    lse = row_logsumexp(queries, keys, scaling, block)
+    lse = row_logsumexp(queries, keys, scaling, block) if lse is None else lse
     mass = queries.new_zeros(heads, length)
     for k0 in range(0, length, block):
         k = keys[:, k0 : k0 + block]
@@ -60,7 +66,7 @@ def future_mass_chunked(queries: Tensor, keys: Tensor, scaling: float, window: i
     return mass
 
 
-def future_mass_flex(queries: Tensor, keys: Tensor, scaling: float, window: int) -> Tensor:
+def future_mass_flex(queries: Tensor, keys: Tensor, scaling: float, window: int, lse: Tensor | None = None) -> Tensor:
     """``mass_g(t)`` ``(H, S)`` through FlexAttention (compiled where the platform supports it).
 
     Pass 1 is ordinary causal attention with ``return_lse``; pass 2 swaps roles (keys attend to
@@ -81,9 +87,12 @@ def future_mass_flex(queries: Tensor, keys: Tensor, scaling: float, window: int)
 
     device = str(q.device)
     attend = torch.compile(flex_attention) if flex_supported(q.device) else flex_attention
-    mask = create_block_mask(causal, None, None, length, length, device=device)
-    _, aux = attend(q, k, ones, block_mask=mask, scale=scaling, return_aux=AuxRequest(lse=True))
-    lse = aux.lse.float()
+    if lse is None:
+        mask = create_block_mask(causal, None, None, length, length, device=device)
+        _, aux = attend(q, k, ones, block_mask=mask, scale=scaling, return_aux=AuxRequest(lse=True))
+        lse = aux.lse.float()
+    else:
+        lse = lse[None].float()
 
     def minus_lse(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         return score - lse[b, h, kv_idx]
@@ -93,12 +102,13 @@ def future_mass_flex(queries: Tensor, keys: Tensor, scaling: float, window: int)
     return aux.lse[0].float().exp().nan_to_num(0.0)
 
 
-def future_mass_dense(queries: Tensor, keys: Tensor, scaling: float, window: int) -> Tensor:
+def future_mass_dense(queries: Tensor, keys: Tensor, scaling: float, window: int, lse: Tensor | None = None) -> Tensor:
     """Reference: the full ``S x S`` attention, summed over masked query rows (small S only)."""
     length = queries.shape[1]
     logits = (queries @ keys.transpose(-1, -2)) * scaling
     index = torch.arange(length, device=queries.device)
-    attention = logits.masked_fill(index[None, :] > index[:, None], -torch.inf).softmax(-1)
+    logits = logits.masked_fill(index[None, :] > index[:, None], -torch.inf)
+    attention = logits.softmax(-1) if lse is None else (logits - lse[..., None]).exp()
     return attention.masked_fill(index[:, None] < index[None, :] + window, 0.0).sum(1)
 
 
@@ -116,6 +126,7 @@ def future_attention_target(
     eps: float = 1e-6,
     method: str = "auto",
     block: int = 256,
+    lse: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-KV-head target ``(Hkv, S)`` and its validity mask ``(S,)`` for one layer and sequence.
 
@@ -125,6 +136,7 @@ def future_attention_target(
         window: ``w``; mass counts from queries ``d >= t + w``.
         eps: floor inside the log.
         method: ``chunked``, ``flex``, ``dense`` or ``auto`` (flex where supported, else chunked).
+        lse: ``(H, S)`` per-query log-normalisers to use instead of the dense causal ones (Eq. 9).
     """
     if method == "auto":
         method = "flex" if flex_supported(queries.device) else "chunked"
@@ -136,14 +148,11 @@ def future_attention_target(
     # bf16/fp16 activations are summed in fp32 at least
     dtype = torch.promote_types(queries.dtype, torch.float32)
     queries, repeated = queries.to(dtype), repeated.to(dtype)
+    lse = None if lse is None else lse.to(dtype)
     if method == "chunked":
-        mass = future_mass_chunked(queries, repeated, scaling, window, block)
+        mass = future_mass_chunked(queries, repeated, scaling, window, block, lse)
     elif method == "flex":
-        mass = future_mass_flex(queries, repeated, scaling, window)
+        mass = future_mass_flex(queries, repeated, scaling, window, lse)
     else:
-        mass = future_mass_dense(queries, repeated, scaling, window)
-    grouped = mass.view(kv_heads, heads // kv_heads, length).amax(1)
-    counts = (length - window - torch.arange(length, device=mass.device)).clamp_min(0)
-    valid = counts > 0
-    target = (eps + grouped / counts.clamp_min(1)).log()
-    return target.masked_fill(~valid, math.log(eps)), valid
+        mass = future_mass_dense(queries, repeated, scaling, window, lse)
+    return target_from_mass(mass.view(kv_heads, heads // kv_heads, length), window, eps)

@@ -1,19 +1,28 @@
-"""Training a KVpop scorer (``python -m harness.training.kvpop``).
+"""Training the rows of KVpop's tables (``python -m harness.training.kvpop kvpop_recipe=<row>``).
 
-KVpop (openreview R54wzDIb0L): the frozen model runs over training windows once; every layer's
-post-RoPE q/k/v are captured and turned into the future-attention target per KV head
-(``harness.training.kvpop.target``). The scorer then trains on the detached ``[k; v]`` with the pairwise
-boundary loss at query positions sampled after saturation (``harness.training.kvpop.loss``), AdamW with
-a warmup + cosine schedule, and is saved as safetensors with its config
-(``methods.kvpop.checkpoint``), ready for ``method=kvpop method.checkpoint=<path>``.
+KVpop (arXiv 2607.05061), Sec. 4. ``kvpop_recipe`` (``conf/kvpop_recipe/``) picks the row:
+
+- ``kvpop`` (mLSTM, delayed readout), ``kvpop_mlp`` (MLP), ``kvpop_immediate`` (mLSTM read out at
+  insertion, Fig. 5): the paper's joint recipe (``harness.training.joint``): the scorer learns
+  from the boundary loss while the base model is KL-distilled under the scorer's pattern;
+- ``streaming_llm_plus``: the base model distilled under sinks + recent tokens of the same budget;
+- ``dms``: DMS's relaxed gates with the base model (``harness.training.dms``);
+- ``scorer_only``: the earlier recipe: the frozen model's activations are captured once and the
+  scorer alone trains on them (``loss=cutoff``: every candidate against the teacher's cutoff).
+
+``output`` is a folder: ``model/`` (the fine-tuned base model with its tokenizer and
+``evictbench_finetune.json``), ``policy.safetensors`` (+ ``.json``) and ``training.json`` (config
+and history, token accuracy included); the scorer-only recipe writes the policy only.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
-import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,17 +31,24 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from harness.errors import user_errors
-from harness.models import ModelSpec, load_model, load_tokenizer
+from harness.models import ModelSpec, file_sha256, load_model, load_tokenizer
+from harness.training.dms import DMSPattern
+from harness.training.joint import Pattern, Schedule, cosine_factor, fine_tune, token_accuracy
 from harness.training.kvpop.capture import capture
-from harness.training.kvpop.data import documents, token_windows
-from harness.training.kvpop.loss import boundary_loss, candidates, decayed, retention_recall, sample_queries
-from harness.training.kvpop.sparse import distillation_loss, kvpop_mask, streaming_mask
+from harness.training.kvpop.data import documents, packed_windows, token_windows
+from harness.training.kvpop.loss import Weighting, boundary_loss, cutoff_loss, sample_queries
+from harness.training.kvpop.pattern import KVpopPattern, StreamingPattern
+from harness.training.kvpop.sparse import resolve_attention
 from harness.training.kvpop.target import future_attention_target
 from methods.kvpop.checkpoint import CheckpointInfo, save_checkpoint
-from methods.kvpop.policy import static_base
+from methods.kvpop.policy import state_entries
+from methods.kvpop.ranking import candidates, decayed, retention_recall
 from methods.kvpop.scorers import KVpopScorer, build_scorer
 
 log = logging.getLogger(__name__)
+
+RECIPES = ("joint", "streaming", "dms", "scorer_only")
+LOSSES = ("boundary", "cutoff")
 
 
 @dataclass
@@ -67,100 +83,182 @@ def geometry(model: PreTrainedModel) -> tuple[int, int, int]:
 
 
 def make_scorer(cfg: DictConfig, layers: int, kv_heads: int, head_dim: int) -> KVpopScorer:
-    hyper: dict[str, Any] = {"gamma_min": cfg.gamma_min, "gamma_max": cfg.gamma_max}
+    """The scorer ``kvpop.*`` describes; ``cell_dim``/``hidden`` null take ``head_dim / 2`` / ``head_dim``."""
+    hyper: dict[str, Any] = {"gamma_min": cfg.gamma_min, "gamma_max": cfg.gamma_max, "gamma_space": cfg.gamma_space}
     if cfg.scorer == "mlp":
-        hyper["hidden"] = cfg.hidden
+        hyper["hidden"] = cfg.hidden if cfg.hidden is not None else head_dim
     else:
-        hyper.update(cell_dim=cfg.cell_dim, delay=cfg.window if cfg.delayed else 0, chunk=cfg.chunk)
+        cell = cfg.cell_dim if cfg.cell_dim is not None else head_dim // 2
+        hyper.update(cell_dim=cell, delay=cfg.window if cfg.delayed else 0, chunk=cfg.chunk, readout=cfg.readout)
     return build_scorer(cfg.scorer, layers, kv_heads, head_dim, **hyper)
 
 
-def cosine_factor(step: int, steps: int, warmup: int, floor: float) -> float:
-    """Linear warmup to 1, then cosine decay to ``floor`` at the last step."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(steps - warmup, 1)
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+def make_gate(cfg: DictConfig, layers: int, kv_heads: int, head_dim: int) -> KVpopScorer:
+    """DMS's gate: the KVpop MLP (same parameter count), without decay (``gamma = 1``)."""
+    hidden = cfg.hidden if cfg.hidden is not None else head_dim
+    return build_scorer("mlp", layers, kv_heads, head_dim, gamma_min=1.0, gamma_max=1.0, hidden=hidden)
+
+
+def trained_k(cfg: DictConfig, scorer: KVpopScorer | None, dtype: torch.dtype) -> int:
+    """``k``: ``kvpop.k``, else ``B - s - w`` less the scorer state's entries with ``count_state``."""
+    if cfg.k is not None:
+        return cfg.k
+    state = state_entries(scorer, dtype) if scorer is not None and cfg.count_state else 0
+    k = cfg.budget - cfg.sinks - cfg.window - state
+    if k < 1:
+        raise ValueError(
+            f"kvpop.budget={cfg.budget} leaves no older tokens beyond sinks+window={cfg.sinks}+{cfg.window}"
+            + (f" and the scorer state's {state} entries" if state else "")
+            + " — raise kvpop.budget or shrink kvpop.window"
+        )
+    return k
+
+
+def check(cfg: DictConfig) -> None:
+    """Refuse options that could only fail after minutes of training."""
+    if cfg.recipe not in RECIPES:
+        raise ValueError(
+            f"recipe={cfg.recipe!r} is not a recipe — pick a row with kvpop_recipe=<name> (conf/kvpop_recipe/)"
+        )
+    if cfg.train.loss not in LOSSES:
+        raise ValueError(f"train.loss={cfg.train.loss!r} is not a loss — use boundary (Eq. 7) or cutoff")
+    if cfg.kvpop.bucket != 1 and cfg.recipe != "scorer_only":
+        raise ValueError(
+            f"kvpop.bucket={cfg.kvpop.bucket!r} with recipe={cfg.recipe} — the training pattern needs static "
+            "priorities: set kvpop.bucket=1"
+        )
+    if cfg.recipe == "streaming" and cfg.train.base_lr <= 0:
+        raise ValueError("recipe=streaming trains only the base model — set train.base_lr above 0, e.g. 8e-5")
+
+
+def _windows(cfg: DictConfig, tokenizer: Any) -> tuple[list[list[int]], list[list[int]]]:
+    data = cfg.data
+    hub = OmegaConf.to_container(data.hub, resolve=True) if data.hub is not None else None
+    texts = documents(data.file, hub)
+    cut = packed_windows if data.packing else token_windows
+    both = cut(tokenizer, texts, data.length, data.windows + data.heldout, data.skip)
+    return both[: data.windows], both[data.windows :]
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train the row ``cfg`` describes and save it; returns a summary (history included)."""
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    torch.manual_seed(cfg.train.seed)
+    with user_errors():
+        check(cfg)
+        spec = ModelSpec.from_config(cfg.model)
+        tokenizer = load_tokenizer(spec)
+        windows, heldout = _windows(cfg, tokenizer)
+    if cfg.recipe == "scorer_only":
+        return train_scorer_only(cfg, spec, windows)
+    return train_joint(cfg, spec, tokenizer, windows, heldout)
+
+
+def _input_stats(scorer: KVpopScorer, model: PreTrainedModel, windows: list[list[int]]) -> None:
+    """Standardise the scorer's inputs with the dense model's keys and values on a few windows."""
+    records = [capture(model, ids) for ids in windows[:2]]
+    features = torch.cat(
+        [torch.stack([torch.cat([r.keys[i], r.values[i]], -1).float().cpu() for i in sorted(r.keys)]) for r in records],
+        dim=-2,
+    )
+    scorer.set_input_stats(features)
+
+
+def train_joint(
+    cfg: DictConfig, spec: ModelSpec, tokenizer: Any, windows: list[list[int]], heldout: list[list[int]]
+) -> dict[str, Any]:
+    """KVpop's joint recipe and the trained baselines: fine-tune under the pattern, save model and policy."""
+    kvpop, opt = cfg.kvpop, cfg.train
+    teacher = load_model(spec).requires_grad_(False)
+    student = load_model(spec).train()
+    layers, kv_heads, head_dim = geometry(student)
+    attention = resolve_attention(opt.attention, student.device)
+    generator = torch.Generator().manual_seed(opt.seed)
+    weighting = Weighting(opt.margin_min, opt.margin_tau, opt.balance, opt.balance_min, opt.balance_max)
+    with user_errors():
+        pattern: Pattern
+        if cfg.recipe == "joint":
+            scorer = make_scorer(kvpop, layers, kv_heads, head_dim).to(student.device)
+            k = trained_k(kvpop, scorer, student.dtype)
+            pattern = KVpopPattern(
+                scorer, kvpop.sinks, kvpop.window, k, kvpop.budget, opt, weighting, attention, generator
+            )
+        elif cfg.recipe == "dms":
+            scorer = make_gate(kvpop, layers, kv_heads, head_dim).to(student.device)
+            k = trained_k(kvpop, None, student.dtype)
+            pattern = DMSPattern(
+                scorer, kvpop.sinks, kvpop.window, k, cfg.data.length, cfg.dms.temperature, cfg.dms.weight,
+                cfg.dms.anneal_steps, attention, generator,
+            )  # fmt: skip
+        else:
+            scorer, k = None, trained_k(kvpop, None, student.dtype)
+            pattern = StreamingPattern(kvpop.sinks, kvpop.window, k, attention)
+        if pattern.first >= cfg.data.length:
+            raise ValueError(
+                f"the budget binds from position {pattern.first} on, beyond the training windows of "
+                f"data.length={cfg.data.length} tokens — raise data.length or lower kvpop.budget"
+            )
+    if scorer is not None:
+        _input_stats(scorer, teacher, windows)
+    schedule = Schedule(
+        opt.steps, opt.lr, opt.base_lr, opt.warmup, opt.min_lr_ratio, opt.weight_decay, opt.clip,
+        opt.distill_weight, opt.eval_every, opt.log_every, opt.cache_teacher,
+    )  # fmt: skip
+    start = time.perf_counter()
+    history = fine_tune(student, teacher, pattern, windows, heldout, schedule)
+    train_s = time.perf_counter() - start
+    dense_accuracy = token_accuracy(teacher, None, heldout, pattern.first)
+    folder = Path(cfg.output)
+    model_dir = folder / "model"
+    student.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    policy = pattern.save(folder, model_dir, history, config)
+    record = dataclasses.replace(
+        pattern.finetune(spec.name),
+        policy=None if policy is None else str(policy),
+        weights_sha256=file_sha256(model_dir / "model.safetensors"),
+    )
+    record.write(model_dir)
+    summary = {
+        "output": str(folder),
+        "model": str(model_dir),
+        "policy": None if policy is None else str(policy),
+        "k": k,
+        "history": history,
+        "teacher_token_accuracy": dense_accuracy,
+        "train_s": train_s,
+        "config": config,
+    }
+    (folder / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log.info("saved %s (training %.1fs)", folder, train_s)
+    return summary
 
 
 def objective(
-    scorer: KVpopScorer, batch: Window, queries: Tensor, kvpop: DictConfig, train: DictConfig
+    scorer: KVpopScorer, batch: Window, queries: Tensor, k: int, kvpop: DictConfig, train: DictConfig
 ) -> tuple[Tensor, Tensor]:
-    """Loss and mean retention recall of one window at the sampled query positions."""
+    """Loss and mean retention recall of one captured window at the sampled query positions."""
     scores = scorer(batch.keys, batch.values)
     log_gamma = scorer.log_gamma()
     # The teacher ranks with the same decay, but the decay learns only through the student.
     teacher = decayed(batch.target, queries, log_gamma.detach(), kvpop.bucket)
     student = decayed(scores, queries, log_gamma, kvpop.bucket)
-    mask = candidates(queries, scores.shape[-1], kvpop.sinks, kvpop.window).expand_as(student)
-    loss = boundary_loss(student, teacher, mask, kvpop.k, train.temperature, train.margin)
-    recall = retention_recall(student.detach(), teacher, mask, kvpop.k).mean()
+    mask = candidates(queries, scores.shape[-1], kvpop.sinks, kvpop.window)
+    if train.loss == "cutoff":
+        loss = cutoff_loss(student, teacher, mask.expand_as(student), k, train.temperature, train.cutoff_margin)
+    else:
+        weighting = Weighting(train.margin_min, train.margin_tau, train.balance, train.balance_min, train.balance_max)
+        flat = student.flatten(0, 1), teacher.flatten(0, 1)
+        loss = boundary_loss(*flat, mask, queries, kvpop.window, k, train.temperature, weighting, train.boundary)
+    recall = retention_recall(student.detach(), teacher, mask.expand_as(student), k).mean()
     return loss, recall
 
 
-def distill(
-    model: PreTrainedModel, scorer: KVpopScorer, ids: list[list[int]], windows: list[Window], cfg: DictConfig
-) -> dict[str, Any]:
-    """Optional stage 2: fine-tune the base model under the fixed-budget sparse pattern (KL to the dense model).
-
-    ``distill.pattern=kvpop`` uses the trained scorer's static priorities (frozen, from the frozen
-    model's keys and values); ``streaming`` is the StreamingLLM+ baseline (sinks + recent, same budget).
-    """
-    kvpop, options = cfg.kvpop, cfg.distill
-    masks_per_window = []
-    for window in windows:
-        length = window.keys.shape[-2]
-        if options.pattern == "streaming":
-            masks_per_window.append(
-                [streaming_mask(length, kvpop.sinks, kvpop.window, kvpop.k)[None]] * len(window.keys)
-            )
-            continue
-        with torch.no_grad():
-            priority = static_base(
-                scorer(window.keys, window.values), torch.arange(length), scorer.log_gamma()[..., None], 1
-            )
-        masks_per_window.append([kvpop_mask(layer, kvpop.sinks, kvpop.window, kvpop.k) for layer in priority])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=options.lr)
-    history = []
-    for step in range(options.steps):
-        index = step % len(ids)
-        batch = torch.tensor([ids[index]], device=model.device)
-        loss = distillation_loss(model, batch, masks_per_window[index], kvpop.sinks + kvpop.window + kvpop.k)
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip)
-        optimizer.step()
-        history.append({"step": step + 1, "kl": loss.item()})
-        log.info("distill step %d KL %.4f", step + 1, loss.item())
-    model.save_pretrained(options.output)
-    return {"model": options.output, "history": history}
-
-
-def check_distill(cfg: DictConfig) -> None:
-    """Refuse distillation options that could only fail after the scorer has trained."""
-    if not cfg.distill.enabled:
-        return
-    if cfg.distill.pattern not in ("kvpop", "streaming"):
-        raise ValueError(f"distill.pattern={cfg.distill.pattern!r} is not a pattern — use kvpop or streaming")
-    if cfg.kvpop.bucket != 1:
-        raise ValueError(
-            f"kvpop.bucket={cfg.kvpop.bucket!r} with distill.enabled=true — distillation needs static priorities:"
-            " set kvpop.bucket=1"
-        )
-
-
-def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train, save the checkpoint, return a summary (loss curve included)."""
-    if cfg.threads:
-        torch.set_num_threads(int(cfg.threads))
+def train_scorer_only(cfg: DictConfig, spec: ModelSpec, ids: list[list[int]]) -> dict[str, Any]:
+    """The scorer alone on the frozen model's activations, captured once."""
     kvpop, data, opt = cfg.kvpop, cfg.data, cfg.train
-    torch.manual_seed(opt.seed)
-    with user_errors():
-        check_distill(cfg)
-        spec = ModelSpec.from_config(cfg.model)
-        tokenizer = load_tokenizer(spec)
-        hub = OmegaConf.to_container(data.hub, resolve=True) if data.hub is not None else None
-        ids = token_windows(tokenizer, documents(data.file, hub), data.length, data.windows, data.skip)
     model = load_model(spec)
     start = time.perf_counter()
     windows = [extract(model, window, kvpop.window, opt.eps, opt.target_method) for window in ids]
@@ -168,7 +266,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     log.info("captured %d windows of %d tokens in %.1fs", len(windows), data.length, extract_s)
 
     layers, kv_heads, head_dim = geometry(model)
-    scorer = make_scorer(kvpop, layers, kv_heads, head_dim)
+    with user_errors():
+        scorer = make_scorer(kvpop, layers, kv_heads, head_dim)
+        k = trained_k(kvpop, scorer, model.dtype)
     features = torch.cat([torch.cat([w.keys, w.values], -1) for w in windows], dim=-2)
     scorer.set_input_stats(features)
     optimizer = torch.optim.AdamW(scorer.parameters(), lr=opt.lr, weight_decay=opt.weight_decay)
@@ -176,14 +276,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         optimizer, lambda step: cosine_factor(step, opt.steps, opt.warmup, opt.min_lr_ratio)
     )
     generator = torch.Generator().manual_seed(opt.seed)
-    first = kvpop.sinks + kvpop.window + kvpop.k
+    first = kvpop.sinks + kvpop.window + k
     history: list[dict[str, float]] = []
     running: list[tuple[float, float]] = []
     start = time.perf_counter()
     for step in range(opt.steps):
         batch = windows[step % len(windows)]
-        queries = sample_queries(data.length, first, opt.queries, opt.late_fraction, generator, opt.late_power)
-        loss, recall = objective(scorer, batch, queries, kvpop, opt)
+        with user_errors():
+            queries = sample_queries(data.length, first, opt.queries, opt.late_fraction, generator, opt.late_power)
+        loss, recall = objective(scorer, batch, queries, k, kvpop, opt)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(scorer.parameters(), opt.clip)
@@ -210,12 +311,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         kv_heads=kv_heads,
         head_dim=head_dim,
         scorer=scorer.hyperparameters(),
-        policy={"sinks": kvpop.sinks, "window": kvpop.window, "k": kvpop.k, "bucket": kvpop.bucket},
+        policy={"sinks": kvpop.sinks, "window": kvpop.window, "k": k, "bucket": kvpop.bucket, "budget": kvpop.budget},
         train={"config": config, "history": history, "extract_s": extract_s, "train_s": train_s},
     )
-    path = save_checkpoint(scorer, cfg.output, info)
+    path = save_checkpoint(scorer, Path(cfg.output) / "policy.safetensors", info)
     log.info("saved %s (training %.1fs)", path, train_s)
-    summary = {"checkpoint": str(path), "history": history, "extract_s": extract_s, "train_s": train_s}
-    if cfg.distill.enabled:
-        summary["distill"] = distill(model, scorer, ids, windows, cfg)
-    return summary
+    return {
+        "output": cfg.output,
+        "policy": str(path),
+        "k": k,
+        "history": history,
+        "extract_s": extract_s,
+        "train_s": train_s,
+    }
