@@ -75,8 +75,13 @@ def test_slurm_array_sweep_with_a_requeued_task_writes_every_run_once(slurm, tmp
     [script] = tmp_path.glob(".hydra/*/.submitit/*/*_submission.sh")
     assert "#SBATCH --array=0-1%2" in script.read_text() and "#SBATCH --requeue" in script.read_text()
     array = task.split("_")[0]
-    states = slurm_query(slurm, "sacct", "-n", "-P", "-X", "-D", "-j", array, "-o", "JobID,State")
-    assert sorted(states) == [f"{array}_0|COMPLETED", f"{array}_0|REQUEUED", f"{array}_1|COMPLETED"], states
+    expected = [f"{array}_0|COMPLETED", f"{array}_0|REQUEUED", f"{array}_1|COMPLETED"]
+
+    def states() -> list[str]:
+        return sorted(slurm_query(slurm, "sacct", "-n", "-P", "-X", "-D", "-j", array, "-o", "JobID,State"))
+
+    # slurmdbd records a job's end a moment after the job has ended: a loaded machine sees RUNNING first.
+    wait_for(lambda: states() == expected, f"sacct to record {expected}", timeout=60)
 
 
 def test_slurm_job_cancelled_mid_run_resumes_without_recomputing(slurm, tmp_path):
