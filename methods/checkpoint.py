@@ -30,20 +30,27 @@ def write_checkpoint(tensors: dict[str, Tensor], path: str | Path, key: str, met
     return path
 
 
-def read_checkpoint(path: str | Path, key: str, train: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """The tensors and the ``key`` metadata of ``path``; ``train`` says how to make one (the fix)."""
-    path = Path(path)
+def read_checkpoint(
+    path: str | Path, key: str, train: str, label: str | None = None, rejected: str | None = None
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The tensors and the ``key`` metadata of ``path``.
+
+    ``train`` says how to make one (the fix for a missing file), ``rejected`` how to get a good
+    one (the fix for a file that is not a checkpoint; default ``train``); ``label`` names the
+    kind in messages (default ``key``).
+    """
+    path, label, rejected = Path(path), label or key, rejected or train
     if not path.is_file():
-        raise FileNotFoundError(f"{key} checkpoint {str(path)!r} does not exist — {train}")
+        raise FileNotFoundError(f"{label} checkpoint {str(path)!r} does not exist — {train}")
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
     except SafetensorError as error:
-        raise ValueError(f"{path} is not a safetensors file ({error}) — {train}") from None
+        raise ValueError(f"{path} is not a safetensors file ({error}) — {rejected}") from None
     if key not in metadata:
-        raise ValueError(f"{path} is a safetensors file without {key} metadata — {train}")
+        raise ValueError(f"{path} is a safetensors file without {label} metadata — {rejected}")
     try:
         meta = json.loads(metadata[key])
     except ValueError as error:
-        raise ValueError(f"{path} holds malformed {key} metadata ({error}) — {train}") from None
+        raise ValueError(f"{path} holds malformed {label} metadata ({error!r}) — {rejected}") from None
     return load_file(str(path)), meta

@@ -11,15 +11,11 @@ copy is written next to the weights for people.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
-
+from methods.checkpoint import read_checkpoint, write_checkpoint
 from methods.kvpop.scorers import KVpopScorer, build_scorer
 
 METADATA_KEY = "kvpop"
@@ -77,39 +73,21 @@ class CheckpointInfo:
 
 def save_checkpoint(scorer: KVpopScorer, path: str | Path, info: CheckpointInfo) -> Path:
     """Write ``path`` (safetensors) and ``path`` with ``.json`` (the same metadata, readable)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    meta = json.dumps(info.__dict__, sort_keys=True, default=str)
-    tensors = {name: value.detach().contiguous().cpu() for name, value in scorer.state_dict().items()}
-    # Written beside and renamed into place: a run hashing or loading the path never sees half a file.
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
-    save_file(tensors, str(partial), metadata={METADATA_KEY: meta})
-    os.replace(partial, path)
-    path.with_suffix(".json").write_text(json.dumps(info.__dict__, indent=2, sort_keys=True, default=str) + "\n")
-    return path
+    return write_checkpoint(dict(scorer.state_dict()), path, METADATA_KEY, info.__dict__)
 
 
 def load_checkpoint(path: str | Path) -> tuple[KVpopScorer, CheckpointInfo]:
     """The scorer stored at ``path`` (eval mode, CPU) and what it was made for."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"KVpop checkpoint {str(path)!r} does not exist — {TRAIN}")
+    tensors, meta = read_checkpoint(path, METADATA_KEY, TRAIN, label="KVpop", rejected=WRITTEN_BY)
     try:
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-    except SafetensorError as error:
-        raise ValueError(f"{path} is not a safetensors file ({error}) — {WRITTEN_BY}") from None
-    if METADATA_KEY not in metadata:
-        raise ValueError(f"{path} is a safetensors file without KVpop metadata — {WRITTEN_BY}")
-    try:
-        info = CheckpointInfo(**json.loads(metadata[METADATA_KEY]))
+        info = CheckpointInfo(**meta)
         hyper = dict(info.scorer)
         kind = hyper.pop("kind")
-    except (ValueError, TypeError, KeyError) as error:  # JSONDecodeError and dict() of a non-mapping: ValueError
+    except (ValueError, TypeError, KeyError) as error:  # dict() of a non-mapping: ValueError
         raise ValueError(f"{path} holds malformed KVpop metadata ({error!r}) — {WRITTEN_BY}") from None
     scorer = build_scorer(kind, info.layers, info.kv_heads, info.head_dim, **hyper)
     try:
-        scorer.load_state_dict(load_file(str(path)))
+        scorer.load_state_dict(tensors)
     except RuntimeError:
         # load_state_dict lists every missing or mismatched tensor, over many lines.
         raise ValueError(f"{path}: the stored tensors do not match its {kind} scorer — {WRITTEN_BY}") from None
