@@ -55,6 +55,51 @@ class Call:
             self.module, self.query, self.key, self.value, self.mask, 0.0, self.scaling, **self.kwargs
         )
 
+    def causal_sdpa_with_lse(self) -> tuple[Tensor, Tensor | None]:
+        """The causal call's output as ``sdpa`` returns it, and each query row's log-normaliser ``(H, Q)``.
+
+        On CPU this is the flash kernel SDPA itself runs, called directly because only its private
+        op returns the log-sum-exp (the same output, bit for bit). Elsewhere, or if a release
+        drops the op, the log-normaliser is None and whoever needs it computes it.
+        """
+        kernel = _cpu_flash_kernel(self.query)
+        if self.mask is not None or kernel is None:
+            return self.sdpa()[0], None
+        output, lse = kernel(self.query, self.key, self.value, 0.0, True, scale=self.scaling)
+        return output.transpose(1, 2).contiguous(), lse[0]
+
+
+def _cpu_flash_kernel(tensor: Tensor) -> Callable[..., tuple[Tensor, Tensor]] | None:
+    if tensor.device.type != "cpu":
+        return None
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def causal_column_mass(queries: Tensor, keys: Tensor, lse: Tensor, scaling: float) -> Tensor | None:
+    """``sum_i softmax_i(j)``: the causal attention weight the trailing ``queries`` pay each key, per query head.
+
+    Shapes: queries ``(H, Q, D)`` (the last Q positions), keys ``(Hkv, T, D)``, ``lse`` ``(H, Q)``
+    the queries' log-normalisers (``Call.causal_sdpa_with_lse``). Returns ``(H, T)``, or None
+    where the kernel is missing (not on CPU).
+
+    The sum runs over the query axis, so it is the transposed problem: the keys attend to the
+    queries, with ``-lse_i`` folded into query i as one more coordinate (``k_j . q_i * scale -
+    lse_i``), and both sequences reversed so that "query i comes at or after key j" is the
+    kernel's own causal mask. The kernel's log-sum-exp of that pass is ``log mass_j``: one fused
+    pass, no T x T matrix in memory.
+    """
+    kernel = _cpu_flash_kernel(queries)
+    if kernel is None:
+        return None
+    heads, _, dim = queries.shape
+    length = keys.shape[1]
+    group = heads // keys.shape[0]
+    attending = torch.cat([keys.float().repeat_interleave(group, 0), keys.new_ones(heads, length, 1).float()], -1)
+    attended = torch.cat([queries.float(), (-lse.float() / scaling)[..., None]], -1)
+    values = attended.new_zeros(attended.shape)
+    _, log_mass = kernel(attending.flip(1)[None], attended.flip(1)[None], values[None], 0.0, True, scale=scaling)
+    return log_mass[0].flip(1).exp()
+
 
 Forward = Callable[[Any, Call], tuple[Tensor, Tensor | None]]
 

@@ -34,7 +34,9 @@ class BenchRow:
     context: int
     budget: int | None
     decode_tok_s: float
+    prefill_s: float
     kv_mb: float
+    peak_mb: float
     kv_ratio: float
     score_share: float
     evict_share: float
@@ -50,7 +52,9 @@ def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: fl
         context=len(ids),
         budget=result.budget,
         decode_tok_s=steps / result.decode_s,
+        prefill_s=result.prefill_s,
         kv_mb=result.kv_bytes_final / 2**20,
+        peak_mb=result.decode_peak_bytes / 2**20,
         kv_ratio=result.kv_bytes_final / result.kv_bytes_full,
         score_share=result.score_s / result.decode_s,
         evict_share=result.evict_s / result.decode_s,
@@ -79,6 +83,9 @@ def run(model_name: str, lengths: list[int], rhos: list[float], methods: list[st
             continue
         speed = table[table.method == reference].set_index(["length", "rho"]).decode_tok_s
         table[f"x_{reference}"] = [s / speed[k] for s, k in zip(table.decode_tok_s, keys, strict=True)]
+    if "full" in set(table.method):
+        prefill = table[table.method == "full"].set_index(["length", "rho"]).prefill_s
+        table["prefill_x_full"] = [s / prefill[k] for s, k in zip(table.prefill_s, keys, strict=True)]
     return table
 
 

@@ -1,7 +1,9 @@
 """Prefill, then a decode loop in which the method observes and physically evicts.
 
 One sequence at a time (batch 1): every sequence gets its own keep sets, and eviction
-comparisons are paired per example anyway.
+comparisons are paired per example anyway. The cache is preallocated (``kv_cache.SlotLayer``):
+a new token is written into a free slot, and an order-free method's one eviction per step
+refills the evicted slot with the last entry, so a steady-state step copies no layer.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from harness.evicting_attention import EVICTING, StepState
 from harness.models import check_length
 from harness.reconstruction import reconstruction_passes
 from harness.sampling import Sampling
-from methods.base import EvictionMethod, KeepPlan, SequenceInfo
+from methods.base import EvictionMethod, SequenceInfo
 from methods.driver import Driver
+from methods.stopwatch import Stopwatch, synchronize
 
 
 @dataclass
@@ -213,12 +216,10 @@ class Engine:
             state.peak_bytes = max(state.peak_bytes, kv_cache.cache_bytes(cache))
             kv_cache.truncate(cache, prefill_len)
 
-    def _apply(self, plan: KeepPlan | None, cache: object) -> float:
-        if plan is None:
-            return 0.0
-        start = time.perf_counter()
-        kv_cache.evict(cache, plan)
-        return time.perf_counter() - start
+    def _clock(self) -> float:
+        """Wall time once the device's queued work is done (a CUDA launch returns before it runs)."""
+        synchronize(self.device)
+        return time.perf_counter()
 
     @torch.inference_mode()
     def generate(
@@ -249,18 +250,25 @@ class Engine:
         prefill_len = len(input_ids)
         check_length(self.model.config, prefill_len, max_new_tokens, "the prompt")
         info = sequence_info(self.model.config, prefill_len, max_new_tokens, seed, self.device, self.model)
-        generator = torch.Generator(device="cpu").manual_seed(seed)
-        cache = kv_cache.new_cache(self.model)
+        generator: torch.Generator | None = None
+        # The last sampled token is never fed: L0 + max_new_tokens - 1 entries at most.
+        most = prefill_len + max_new_tokens - 1
         _reset_peak(self.device)
-        start = time.perf_counter()
-        state = StepState(Driver(self.method, info), cache)
+        start = self._clock()
+        driver = Driver(self.method, info, refill=True)
+        budget = self.method.budget()
+        # Room for the prompt and the first step's token, or for the cache's growth up to the budget.
+        capacity = most if budget is None else min(most, max(prefill_len + 1, budget + 1))
+        cache = kv_cache.new_cache(self.model, capacity, most)
+        state = StepState(driver, cache)
         with EVICTING.active(state):
             logits = self._forward(input_ids, 0, cache)
         state.peak_bytes = max(state.peak_bytes, kv_cache.cache_bytes(cache))
         full_token_bytes = kv_cache.bytes_per_token(cache)
         self._reconstruct(state, input_ids, cache)
-        self._apply(state.driver.end_prefill(), cache)
-        prefill_s = time.perf_counter() - start
+        if (plan := state.driver.end_prefill()) is not None:
+            kv_cache.evict(cache, plan)
+        prefill_s = self._clock() - start
         prefill_peak = _peak(self.device, state.peak_bytes)
         if self.on_step:
             self.on_step(0, state, cache)
@@ -270,7 +278,11 @@ class Engine:
         target_greedy: list[bool] = []
 
         def next_token(logits: Tensor) -> int:
+            nonlocal generator
             if forced is None:
+                if generator is None:
+                    # On the logits' device: a sharded model's last layer may sit elsewhere than its first.
+                    generator = torch.Generator(device=logits.device).manual_seed(seed)
                 if len(tokens) < min_new_tokens and stop_token_ids:
                     logits = logits.index_fill(
                         0, torch.tensor(sorted(stop_token_ids), device=logits.device), -torch.inf
@@ -285,8 +297,8 @@ class Engine:
         tokens: list[int] = []
         tokens.append(next_token(logits))
         max_cache_len = 0
-        evict_s = 0.0
-        start = time.perf_counter()
+        evicting = Stopwatch(self.device)
+        start = self._clock()
         step = 0
         while len(tokens) < max_new_tokens and (
             len(tokens) < min_new_tokens or (tokens[-1] not in stop_token_ids and not (stop and stop(tokens)))
@@ -296,12 +308,14 @@ class Engine:
             with EVICTING.active(state):
                 logits = self._forward([tokens[-1]], prefill_len + step - 1, cache)
             decode_peak = max(decode_peak, kv_cache.cache_bytes(cache))
-            evict_s += self._apply(state.driver.end_step(), cache)
+            if (plan := state.driver.end_step()) is not None:
+                with evicting.timing():
+                    kv_cache.evict(cache, plan)
             max_cache_len = max(max_cache_len, *kv_cache.cache_lengths(cache))
             if self.on_step:
                 self.on_step(step, state, cache)
             tokens.append(next_token(logits))
-        decode_s = time.perf_counter() - start
+        decode_s = self._clock() - start
         state_bytes = self.method.state_bytes()
         return Generation(
             tokens=tokens,
@@ -316,7 +330,7 @@ class Engine:
             prefill_s=prefill_s,
             decode_s=decode_s,
             score_s=state.driver.score_s,
-            evict_s=evict_s,
+            evict_s=evicting.seconds,
             max_cache_len=max_cache_len,
             state_bytes=state_bytes,
             target_logprobs=target_logprobs,

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from harness import kv_cache
-from harness.attention import AttentionFunction, Call
+from harness.attention import AttentionFunction, Call, causal_column_mass
 from methods.base import LayerView
 from methods.driver import Driver
 
@@ -57,16 +58,18 @@ def single_query_attention(
 
     Shapes: query ``(1, H, 1, D)``, key/value ``(1, Hkv, T, D)``, bias ``(Hkv, T)``.
     Returns the output ``(1, 1, H, D)`` (the layout attention functions return) and the
-    weights ``(Hkv, H/Hkv, T)``.
+    weights ``(Hkv, H/Hkv, T)``. Logits and softmax are fp32 whatever the model's dtype (in bf16
+    the output error was 10x SDPA's, so a scored and an unscored step ran on different numerics);
+    only the value product runs in the model's dtype. The weights handed on stay fp32.
     """
     _, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     grouped = query.view(1, kv_heads, heads // kv_heads, dim)
-    logits = torch.matmul(grouped, key.transpose(-1, -2)) * scaling
+    logits = torch.matmul(grouped.float(), key.float().transpose(-1, -2)) * scaling
     if bias is not None:
-        logits = logits + bias[None, :, None, :].to(logits)
-    weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
-    output = torch.matmul(weights, value).view(1, heads, 1, dim).transpose(1, 2)
+        logits = logits + bias[None, :, None, :].float()
+    weights = torch.softmax(logits, dim=-1)
+    output = torch.matmul(weights.to(value.dtype), value).view(1, heads, 1, dim).transpose(1, 2)
     return output, weights[0]
 
 
@@ -80,17 +83,17 @@ def ragged_single_query_attention(
     """``single_query_attention`` over KV heads of different lengths, one head at a time.
 
     Shapes: query ``(1, H, 1, D)``, ``keys[h]``/``values[h]`` ``(T_h, D)``, ``bias[h]`` ``(T_h,)``.
-    Returns the output ``(1, 1, H, D)`` and per head the weights ``(H/Hkv, T_h)``.
+    Returns the output ``(1, 1, H, D)`` and per head the fp32 weights ``(H/Hkv, T_h)``.
     """
     _, heads, _, dim = query.shape
     grouped = query.view(len(keys), heads // len(keys), dim)
     outputs, weights = [], []
     for head, (key, value) in enumerate(zip(keys, values, strict=True)):
-        logits = torch.matmul(grouped[head], key.transpose(0, 1)) * scaling
+        logits = torch.matmul(grouped[head].float(), key.float().transpose(0, 1)) * scaling
         if bias is not None:
-            logits = logits + bias[head][None, :].to(logits)
-        head_weights = torch.softmax(logits, dim=-1, dtype=torch.float32).to(query.dtype)
-        outputs.append(torch.matmul(head_weights, value))
+            logits = logits + bias[head][None, :].float()
+        head_weights = torch.softmax(logits, dim=-1)
+        outputs.append(torch.matmul(head_weights.to(value.dtype), value))
         weights.append(head_weights)
     return torch.cat(outputs).view(1, 1, heads, dim), tuple(weights)
 
@@ -99,7 +102,13 @@ def _reconstruction(state: StepState, call: Call) -> tuple[Tensor, Tensor | None
     """A pass that reads the prompt's cache again: the method observes it; causal, aligned at the end."""
     driver, layer = state.driver, call.layer
     view = LayerView(
-        layer, call.key[0], call.value[0], driver.positions[layer], queries=call.query[0], scaling=call.scaling
+        layer,
+        call.key[0],
+        call.value[0],
+        driver.positions[layer],
+        queries=call.query[0],
+        scaling=call.scaling,
+        seen=driver.seen,
     )
     driver.observe_reconstruction(view)
     queries, length = call.query.shape[2], call.key.shape[2]
@@ -116,15 +125,27 @@ def _prefill(state: StepState, call: Call) -> tuple[Tensor, Tensor | None]:
         state.peak_bytes = max(state.peak_bytes, kv_cache.cache_bytes(state.cache))
     if driver.reconstructing is not None:
         return _reconstruction(state, call)
-    result = call.sdpa()
-    if wanted := driver.prefill_queries:
-        queries = call.query[0, :, -wanted:]
-        positions = driver.positions[layer]
-        view = LayerView(layer, call.key[0], call.value[0], positions, queries=queries, scaling=call.scaling)
-        keep = driver.observe_prefill(view)
-        if keep is not None:
-            kv_cache.evict_layer(state.cache, layer, keep)
-    return result
+    if not (wanted := driver.prefill_queries):
+        return call.sdpa()
+    # The prompt-attention votes need each query row's log-normaliser, which the kernel computes anyway.
+    output, lse = call.causal_sdpa_with_lse()
+    queries = call.query[0, :, -wanted:]
+    mass = None if lse is None else partial(causal_column_mass, queries, call.key[0], lse[:, -wanted:], call.scaling)
+    positions = driver.positions[layer]
+    view = LayerView(
+        layer,
+        call.key[0],
+        call.value[0],
+        positions,
+        queries=queries,
+        scaling=call.scaling,
+        seen=driver.seen,
+        query_mass=mass,
+    )
+    keep = driver.observe_prefill(view)
+    if keep is not None:
+        kv_cache.evict_layer(state.cache, layer, keep)
+    return output, None
 
 
 def _forward(state: StepState, call: Call) -> tuple[Tensor, Tensor | None]:
@@ -149,7 +170,9 @@ def _forward(state: StepState, call: Call) -> tuple[Tensor, Tensor | None]:
             output, weights = single_query_attention(call.query, call.key, call.value, call.scaling, bias)
             state.attention_calls[layer] = state.attention_calls.get(layer, 0) + 1
     if driver.observing:
-        view = LayerView(layer, key, value, positions, weights=weights, queries=call.query[0], scaling=call.scaling)
+        view = LayerView(
+            layer, key, value, positions, weights=weights, queries=call.query[0], scaling=call.scaling, seen=driver.seen
+        )
         driver.observe(view)
     return output, None
 

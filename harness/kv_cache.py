@@ -10,6 +10,15 @@ exactly the entries kept, no padding. Attention over it runs head by head
 took 0.7 ms per layer against 1.4 ms for padding the heads into one tensor per step (3 KV
 heads, ~1000 entries each; 15 ms against 144 ms at 8 heads x 6400 entries), and a stored
 padded layout would hold up to the longest head's length in every head.
+
+Every other layer is a ``SlotLayer``: preallocated key/value buffers, of which the first
+``length`` slots hold entries. A new token is written into the next free slot (no ``cat``, for
+the full cache too). When a step evicts one entry per KV head, the engine's driver says so with
+a ``Refill``: the evicted slot takes the entry of the last slot, and the layer shrinks by one
+(one entry copied per head, no gather). The cache's order is then no longer arrival order, but
+the driver's positions follow every move (attention is order-free once RoPE is in the keys).
+Evicting more at once (the first eviction after the prefill) gathers the kept entries into
+buffers of their count plus one slot.
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
+
+from methods.driver import Refill
 
 
 def check_layers(config: PretrainedConfig, name: str) -> None:
@@ -48,8 +59,85 @@ def check_layers(config: PretrainedConfig, name: str) -> None:
     )
 
 
-def new_cache(model: PreTrainedModel) -> DynamicCache:
-    return DynamicCache(config=model.config)
+def new_cache(model: PreTrainedModel, capacity: int | None = None, limit: int | None = None) -> DynamicCache:
+    """A cache for ``model``; with ``capacity``, of ``SlotLayer``s preallocated to it (growing up to ``limit``)."""
+    cache = DynamicCache(config=model.config)
+    if capacity is not None:
+        cache.layers = [SlotLayer(capacity, limit or capacity) for _ in cache.layers]
+    return cache
+
+
+class SlotLayer(DynamicLayer):
+    """A layer of preallocated slots: buffers ``(batch, kv_heads, capacity, head_dim)``, the first ``length`` in use.
+
+    ``keys``/``values`` are views of the slots in use, so code that reads a layer's tensors sees
+    exactly its entries. ``limit`` is the most tokens the sequence brings; an append that outgrows
+    the buffers reallocates them once for every token still to come, so a layer that stops
+    evicting (a prefill-time method's, after its cut) copies itself once, not at every step.
+    """
+
+    def __init__(self, capacity: int, limit: int) -> None:
+        super().__init__()
+        self.capacity, self.limit, self.length = capacity, max(limit, capacity), 0
+        self.planned = capacity
+        self.arrived = 0
+
+    def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+        self.device = key_states.device
+        self._allocate(key_states[..., :0, :], value_states[..., :0, :], max(self.capacity, key_states.shape[-2]))
+        self.is_initialized = True
+
+    def _allocate(self, keys: Tensor, values: Tensor, capacity: int) -> None:
+        """Buffers of ``capacity`` slots holding ``keys``/``values`` (``(batch, kv_heads, n, D)``) first."""
+        count = keys.shape[-2]
+        self._keys = keys.new_empty(*keys.shape[:2], capacity, keys.shape[-1])
+        self._values = values.new_empty(*values.shape[:2], capacity, values.shape[-1])
+        self._keys[..., :count, :] = keys
+        self._values[..., :count, :] = values
+        self.capacity, self.length = capacity, count
+        self._views()
+
+    def _views(self) -> None:
+        self.keys = self._keys[..., : self.length, :]
+        self.values = self._values[..., : self.length, :]
+
+    def update(
+        self, key_states: Tensor, value_states: Tensor, *args: object, **kwargs: object
+    ) -> tuple[Tensor, Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        needed = self.length + key_states.shape[-2]
+        self.arrived += key_states.shape[-2]
+        if needed > self.capacity:
+            self._allocate(self.keys, self.values, needed + max(self.limit - self.arrived, 0))
+        self._keys[..., self.length : needed, :] = key_states
+        self._values[..., self.length : needed, :] = value_states
+        self.length = needed
+        self._views()
+        return self.keys, self.values
+
+    def refill(self, slots: Tensor) -> None:
+        """Slot ``slots[h]`` of each KV head (``(kv_heads, 1)``, or ``(1, 1)`` for all) takes the entry of the
+        last slot; the layer shrinks by one."""
+        batch, heads, _, dim = self._keys.shape
+        index = slots.to(self._keys.device).expand(heads, 1)[None, :, :, None].expand(batch, heads, 1, dim)
+        last = self.length - 1
+        self._keys.scatter_(2, index, self._keys[..., last : last + 1, :].clone())
+        self._values.scatter_(2, index, self._values[..., last : last + 1, :].clone())
+        self.length = last
+        self._views()
+
+    def compact(self, index: Tensor) -> None:
+        """Keep the ``index`` entries (``(T',)`` or ``(kv_heads, T')``), gathered into buffers of ``T' + 1`` slots."""
+        self._allocate(gather_rows(self.keys, index), gather_rows(self.values, index), index.shape[-1] + 1)
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` entries, in buffers of the planned size: the slots of the rest are released."""
+        self._allocate(self.keys[..., :length, :], self.values[..., :length, :], max(length, self.planned))
+        self.arrived = length
+
+    def held_bytes(self) -> int:
+        return self._keys.numel() * self._keys.element_size() + self._values.numel() * self._values.element_size()
 
 
 def _pack(rows: Sequence[Tensor]) -> Tensor:
@@ -142,13 +230,20 @@ def gather_rows(tensor: Tensor, index: Tensor) -> Tensor:
     return flat.view(batch, heads, index.shape[1], dim)
 
 
-def evict_layer(cache: DynamicCache, layer: int, index: Tensor | tuple[Tensor, ...]) -> None:
-    """Physically keep ``index`` entries of ``layer``: ``(T',)`` shared, ``(kv_heads, T')`` or ragged per-head.
+def evict_layer(cache: DynamicCache, layer: int, index: Tensor | tuple[Tensor, ...] | Refill) -> None:
+    """Physically keep ``index`` entries of ``layer``: ``(T',)`` shared, ``(kv_heads, T')`` or ragged per-head,
+    or refill the one slot per head a ``Refill`` names.
 
     Per-head indices of different counts make the layer a ``RaggedLayer``; a ragged layer given
     equal counts becomes a plain layer again.
     """
     current = cache.layers[layer]
+    if isinstance(index, Refill):
+        current.refill(index.slots)
+        return
+    if isinstance(current, SlotLayer) and isinstance(index, Tensor):
+        current.compact(index.to(current.keys.device))
+        return
     if isinstance(index, Tensor) and not isinstance(current, RaggedLayer):
         # Layers of a sharded model live on different devices.
         index = index.to(current.keys.device)
@@ -171,7 +266,7 @@ def evict_layer(cache: DynamicCache, layer: int, index: Tensor | tuple[Tensor, .
         cache.layers[layer] = RaggedLayer(_pack(kept_keys), _pack(kept_values), lengths)
 
 
-def evict(cache: DynamicCache, plan: list[Tensor | tuple[Tensor, ...]]) -> None:
+def evict(cache: DynamicCache, plan: list[Tensor | tuple[Tensor, ...] | Refill]) -> None:
     """Physically keep ``plan[layer]`` entries of every layer."""
     for layer, index in enumerate(plan):
         evict_layer(cache, layer, index)
@@ -180,13 +275,22 @@ def evict(cache: DynamicCache, plan: list[Tensor | tuple[Tensor, ...]]) -> None:
 def truncate(cache: DynamicCache, length: int) -> None:
     """Keep the first ``length`` entries of every (plain) layer, in new tensors: the rest is released."""
     for layer in cache.layers:
+        if isinstance(layer, SlotLayer):
+            layer.truncate(length)
+            continue
         layer.keys = layer.keys[..., :length, :].clone()
         layer.values = layer.values[..., :length, :].clone()
 
 
 def cache_bytes(cache: DynamicCache) -> int:
-    """Bytes of keys and values held now (a ragged layer holds exactly its entries)."""
-    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layer_tensors(cache))
+    """Bytes of keys and values held now: a slot layer's whole buffers, a ragged layer exactly its entries."""
+    total = 0
+    for layer in cache.layers:
+        if isinstance(layer, SlotLayer) and layer.is_initialized:
+            total += layer.held_bytes()
+        elif layer.keys is not None:
+            total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+    return total
 
 
 def cache_lengths(cache: DynamicCache) -> list[int]:

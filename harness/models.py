@@ -302,7 +302,9 @@ def load_model(spec: ModelSpec) -> PreTrainedModel:
     config = load_config(spec)
     if spec.source == "random":
         torch.manual_seed(spec.seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        # Built where it runs: an 8B geometry initialised on the CPU first takes minutes.
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     elif spec.source == "gguf_package":
         model = AutoModelForCausalLM.from_pretrained(_converted_folder(spec), config=config, dtype=dtype)
     else:

@@ -49,5 +49,5 @@ class Sampling:
             # Drop a token once the mass before it already reaches top_p; the first always stays.
             drop = (mass - ordered.softmax(-1)) >= self.top_p
             scores = scores.scatter(0, order, ordered.masked_fill(drop, -torch.inf))
-        probs = scores.softmax(-1).cpu()
-        return int(torch.multinomial(probs, 1, generator=generator))
+        # ``generator`` lives on the logits' device: no copy to the host before the draw.
+        return int(torch.multinomial(scores.softmax(-1), 1, generator=generator))

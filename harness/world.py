@@ -58,7 +58,14 @@ class MethodPolicy:
         wanted = self.driver.prefill_queries
         if wanted:
             view = LayerView(
-                0, keys, values, self.positions, queries=queries[:, -wanted:], scaling=scaling, embeddings=embeddings
+                0,
+                keys,
+                values,
+                self.positions,
+                queries=queries[:, -wanted:],
+                scaling=scaling,
+                seen=self.driver.seen,
+                embeddings=embeddings,
             )
             self.driver.observe_prefill(view)
         self.driver.end_prefill()
@@ -86,6 +93,7 @@ class MethodPolicy:
                 weights=weights,
                 queries=queries,
                 scaling=scaling,
+                seen=self.driver.seen,
                 embeddings=embeddings,
             )
             self.driver.observe(view)

@@ -24,7 +24,9 @@ A caller whose steps bring several tokens at once (the dialog world's whole turn
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +88,11 @@ class LayerView:
             queries at the prefill, the current query (Q = 1) at a decode step, the step's
             queries when it brings several tokens.
         scaling: the softmax temperature the model uses (``1/sqrt(head_dim)`` usually).
+        seen: tokens of the sequence so far, so every cached position is below it (the caller
+            knows it without reading a device tensor; None where it does not say).
+        query_mass: at the prefill, where the attention kernel can give it, a function returning
+            the causal softmax weight ``queries`` pay each entry, summed over the queries,
+            ``(query_heads, T)`` (None: whoever needs it computes it from the queries and keys).
         embeddings: the cached entries' own token vectors, ``(kv_heads, T, dim)``, where the
             caller has them (the dialog world, whose tokens are embeddings; None on a model).
     """
@@ -97,7 +104,27 @@ class LayerView:
     weights: Tensor | PerHead | None = None
     queries: Tensor | None = None
     scaling: float = 1.0
+    seen: int | None = None
+    query_mass: Callable[[], Tensor] | None = None
     embeddings: Tensor | None = None
+
+    def to(self, device: torch.device) -> LayerView:
+        """This view with its tensors on ``device``, where a method keeps its state (itself when they
+        are there already): the layers of a sharded model live on different devices."""
+        first = self.keys[0] if isinstance(self.keys, tuple) else self.keys
+        if first.device.type == device.type and device.index in (None, first.device.index):
+            return self
+
+        def move(tensor: Tensor | PerHead | None) -> Tensor | PerHead | None:
+            if isinstance(tensor, tuple):
+                return tuple(row.to(device) for row in tensor)
+            return None if tensor is None else tensor.to(device)
+
+        moved = {name: move(getattr(self, name)) for name in _VIEW_TENSORS}
+        return dataclasses.replace(self, **moved)
+
+
+_VIEW_TENSORS = ("keys", "values", "positions", "weights", "queries", "embeddings")
 
 
 #: What one layer keeps, as indices into its cached entries: ``(T',)`` for a set shared by all
@@ -130,6 +157,12 @@ class EvictionMethod(ABC):
     """Base class: a method that keeps everything. Subclasses override what they need."""
 
     name: str = "method"
+
+    #: Whether the method works on cached entries in any order. The engine then refills an evicted
+    #: entry's slot with the last one instead of gathering the layer (``methods.driver.Refill``),
+    #: so the cache is no longer in order of arrival. A method that finds its newest entries at
+    #: the end of the cache leaves this False.
+    order_free: bool = False
 
     def begin(self, info: SequenceInfo) -> None:
         """Start a new sequence: drop all state from the previous one."""

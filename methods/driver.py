@@ -28,13 +28,42 @@ cache follows the same rule.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from methods.base import EvictionMethod, KeepPlan, LayerKeep, LayerView, PerHead, Reconstruction, SequenceInfo
+from methods.stopwatch import Stopwatch
+
+
+@dataclass(frozen=True)
+class Refill:
+    """A layer loses one entry per KV head: slot ``slots[h]`` takes the entry of the last slot, and the
+    layer shrinks by one.
+
+    ``slots`` is ``(kv_heads, 1)``, or ``(1, 1)`` when every head loses the same slot. A driver made
+    with ``refill=True`` (the engine, whose cache stores slots) turns a keep of all but one entry into
+    this when the method does not rely on arrival order (``EvictionMethod.order_free``): one entry
+    copied per head instead of a gather of the layer. The positions follow the same move.
+    """
+
+    slots: Tensor
+
+
+def refill_of(index: Tensor, length: int) -> Refill:
+    """The ``Refill`` that keeps the ``length - 1`` entries ``index`` (``(T',)`` or ``(kv_heads, T')``) names."""
+    rows = index if index.dim() == 2 else index[None]
+    kept = torch.zeros(rows.shape[0], length, dtype=torch.uint8, device=index.device).scatter_(1, rows, 1)
+    return Refill((1 - kept).argmax(dim=1, keepdim=True))
+
+
+def refill_positions(positions: Tensor, refill: Refill) -> Tensor:
+    """``positions`` ``(kv_heads, T)`` after ``refill``: its slots take the last column, which goes."""
+    moved = positions.clone()
+    moved.scatter_(1, refill.slots.expand(positions.shape[0], 1), positions[:, -1:])
+    return moved[:, :-1]
 
 
 def as_keep(index: LayerKeep) -> LayerKeep:
@@ -58,6 +87,10 @@ def append_newest(positions: Tensor | PerHead, newest: Tensor) -> Tensor | PerHe
     if isinstance(positions, tuple):
         return tuple(torch.cat([row, new]) for row, new in zip(positions, newest, strict=True))
     return torch.cat([positions, newest], dim=1)
+
+
+def _follow(positions: Tensor | PerHead, index: LayerKeep | Refill) -> Tensor | PerHead:
+    return refill_positions(positions, index) if isinstance(index, Refill) else gather_positions(positions, index)
 
 
 def _per_layer(
@@ -90,11 +123,13 @@ class Driver:
         positions: per layer, the ``(kv_heads, T)`` absolute positions cached now.
         step: 0 during the prefill, t during decode step t.
         observing, attention: whether the method observes this step, and needs its weights.
-        score_s: seconds inside the method (observations and keep decisions) since the prefill.
+        score_s: seconds inside the method (observations and keep decisions) since the prefill,
+            on the device's clock (``methods.stopwatch``: CUDA events, read once at the end).
     """
 
-    def __init__(self, method: EvictionMethod, info: SequenceInfo) -> None:
+    def __init__(self, method: EvictionMethod, info: SequenceInfo, refill: bool = False) -> None:
         self.method = method
+        self.refill = refill and method.order_free
         self.info = info
         method.begin(info)
         prompt = torch.arange(info.prefill_len, device=info.device).expand(info.num_kv_heads, -1)
@@ -102,8 +137,13 @@ class Driver:
         self.step = 0
         self.observing = False
         self.attention = False
-        self.score_s = 0.0
+        self.clock = Stopwatch(info.device)
         self.reconstructing: tuple[int, int] | None = None
+
+    @property
+    def seen(self) -> int:
+        """Tokens of the sequence so far: the prompt, plus one per decode step (or the step's tokens)."""
+        return self.info.prefill_len + self.step
 
     @property
     def prefill_queries(self) -> int:
@@ -112,13 +152,12 @@ class Driver:
 
     def observe_prefill(self, view: LayerView) -> LayerKeep | None:
         """Observe one prefill layer; what the layer keeps now if the method evicts layer by layer."""
-        start = time.perf_counter()
-        self.method.observe_prefill(view)
-        keep = self.method.keep_prefill_layer(view.layer, self.positions[view.layer])
-        if keep is not None:
-            keep = as_keep(keep)
-            self.positions[view.layer] = gather_positions(self.positions[view.layer], keep)
-        self.score_s += time.perf_counter() - start
+        with self.clock.timing():
+            self.method.observe_prefill(view)
+            keep = self.method.keep_prefill_layer(view.layer, self.positions[view.layer])
+            if keep is not None:
+                keep = as_keep(keep)
+                self.positions[view.layer] = gather_positions(self.positions[view.layer], keep)
         return keep
 
     @property
@@ -131,9 +170,8 @@ class Driver:
         self.reconstructing = (start, end)
 
     def observe_reconstruction(self, view: LayerView) -> None:
-        begin = time.perf_counter()
-        self.method.observe_reconstruction(view, *self.reconstructing)
-        self.score_s += time.perf_counter() - begin
+        with self.clock.timing():
+            self.method.observe_reconstruction(view, *self.reconstructing)
 
     def end_reconstruction(self) -> None:
         self.reconstructing = None
@@ -141,8 +179,12 @@ class Driver:
     def end_prefill(self) -> KeepPlan | None:
         """The prefill-time keep plan; the time spent here belongs to the prefill, not to decoding."""
         plan = self._keep()
-        self.score_s = 0.0
+        self.clock.reset()
         return plan
+
+    @property
+    def score_s(self) -> float:
+        return self.clock.seconds
 
     def next_step(self, tokens: int = 1) -> None:
         """Start the next decode step: its ``tokens`` tokens' positions join every layer's cache."""
@@ -157,19 +199,31 @@ class Driver:
         return self.method.logit_bias(layer, self.positions[layer])
 
     def observe(self, view: LayerView) -> None:
-        start = time.perf_counter()
-        self.method.observe(view)
-        self.score_s += time.perf_counter() - start
+        with self.clock.timing():
+            self.method.observe(view)
 
     def end_step(self) -> KeepPlan | None:
         """This step's keep plan (None: keep everything)."""
         return self._keep()
 
     def _keep(self) -> KeepPlan | None:
-        start = time.perf_counter()
-        plan = self.method.keep(self.step, self.positions)
-        self.score_s += time.perf_counter() - start
+        with self.clock.timing():
+            plan = self.method.keep(self.step, self.positions)
         if plan is not None:
             plan = [as_keep(index) for index in plan]
-            self.positions = _per_layer(gather_positions, self.positions, plan)
+            if self.refill:
+                plan = self._refills(plan)
+            self.positions = _per_layer(_follow, self.positions, plan)
         return plan
+
+    def _refills(self, plan: KeepPlan) -> list[LayerKeep | Refill]:
+        """``plan`` with every keep of all but one entry per head as a ``Refill`` (one per distinct keep)."""
+        made: dict[int, LayerKeep | Refill] = {}
+        out = []
+        for index, positions in zip(plan, self.positions, strict=True):
+            if id(index) not in made:
+                single = isinstance(index, Tensor) and not isinstance(positions, tuple)
+                single = single and positions.shape[-1] - index.shape[-1] == 1
+                made[id(index)] = refill_of(index, positions.shape[-1]) if single else index
+            out.append(made[id(index)])
+        return out

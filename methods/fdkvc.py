@@ -294,11 +294,13 @@ class FDKVC(EvictionMethod):
     def observe_prefill(self, view: LayerView) -> None:
         if view.queries is None:
             return
+        view = view.to(self.info.device)
         self._accumulate(view, None)
         self._record_turn(view, closing=True, prompt=True)
         self._turn_pending = True
 
     def observe(self, view: LayerView) -> None:
+        view = view.to(self.info.device)
         if view.queries is None or (view.weights is None and self.c_update != "mean_query"):
             raise ValueError("FD-KVC needs the attention weights and the query of the current step")
         state = self._state_layer(view.layer)
@@ -395,22 +397,30 @@ class FDKVC(EvictionMethod):
         if self._budget is None or step == 0:
             return None
         seen = self.info.prefill_len + step
-        if self.selection.granularity == "token":
-            chosen = self._choose(0, positions[0][:1], seen, tested_before)
-            return None if chosen is None else [chosen[0]] * len(positions)
+        layers = [positions[0][:1]] if self.selection.granularity == "token" else positions
+        rows = [self._row_positions(cached) for cached in layers]
+        candidates = [self._candidates(layer, cached, seen, tested_before) for layer, cached in enumerate(rows)]
+        # Each layer keeps one size for all its rows (per-head sets are gathered into one tensor);
+        # the sizes of every layer are read from the device at once.
+        sizes = torch.stack([above.sum(dim=-1).max() for _, above in candidates]).tolist()
         plan = []
-        for layer, layer_positions in enumerate(positions):
-            cached = self._row_positions(layer_positions)
-            chosen = self._choose(layer, cached, seen, tested_before)
-            if chosen is None:
+        for cached, (h, above), size in zip(rows, candidates, sizes, strict=True):
+            size = min(self._budget, size)
+            if size >= cached.shape[-1]:
                 chosen = torch.arange(cached.shape[-1], device=cached.device)[None].expand_as(cached)
+            else:
+                priority = _ranks_newest_first(h, cached).masked_fill(~above, -torch.inf)
+                chosen = self.selection.select(priority, cached, seen, size)
             plan.append(chosen if self._rows > 1 else chosen[0])
+        if self.selection.granularity == "token":
+            plan = plan * len(positions)
         if all(index.shape[-1] == p.shape[-1] for index, p in zip(plan, positions, strict=True)):
             return None
         return plan
 
-    def _choose(self, layer: int, cached: Tensor, seen: int, tested_before: int | None) -> Tensor | None:
-        """Sorted indices to keep for the rows ``cached`` ``(rows, T)`` of state layer ``layer``."""
+    def _candidates(self, layer: int, cached: Tensor, seen: int, tested_before: int | None) -> tuple[Tensor, Tensor]:
+        """The hybrid scores ``h`` of the rows ``cached`` ``(rows, T)`` of state layer ``layer``, and
+        which entries may stay: those above ``tau * max h`` and the protected ones."""
         h = self.hybrid(self.c[layer].gather(1, cached), self.recency[layer].gather(1, cached))
         recent = self.selection.recent(self._budget)
         if self.recency_init == "one":
@@ -421,13 +431,7 @@ class FDKVC(EvictionMethod):
             tested = torch.zeros_like(cached, dtype=torch.bool)
         protected = (cached < self.selection.sinks) | (cached >= seen - recent) | ~tested
         top = h.masked_fill(~tested, -torch.inf).amax(dim=-1, keepdim=True)
-        above = (h >= self.tau * top) | protected
-        # One keep size for every row (per-head sets are gathered into one tensor).
-        size = min(self._budget, int(above.sum(dim=-1).max()))
-        if size >= cached.shape[-1]:
-            return None
-        priority = _ranks_newest_first(h, cached).masked_fill(~above, -torch.inf)
-        return self.selection.select(priority, cached, seen, size)
+        return h, (h >= self.tau * top) | protected
 
     def logit_bias(self, layer: int, positions: Tensor) -> Tensor | None:
         if not self._active or self.beta == 0:

@@ -1,9 +1,14 @@
 """How much attention the prompt's own queries pay each entry, read at the prefill.
 
 SnapKV votes with the last ``window`` prompt queries; H2O starts its heavy-hitter scores from
-every prompt query. Both need the causal softmax of those queries against the prompt keys,
-which the prefill's fused kernel does not return, so it is computed here once per layer, in
-query chunks that bound memory at long prompts.
+every prompt query. Both need column sums of the causal softmax of those queries against the
+prompt keys, which the prefill's fused kernel does not return. Where the engine can, it hands
+them over computed by a fused kernel (``LayerView.query_mass``: on CPU, one transposed pass that
+uses the log-normalisers of the prefill's own attention, about 1.4x a causal attention at 4k
+against 13x for the softmax here). Otherwise they are computed here, without an S x S matrix and
+without a second softmax: the weight query i pays entry j is ``exp(q_i . k_j * scale - lse_i)``,
+with ``lse_i`` the row's log-normaliser from a first blockwise pass. Entries after a query's
+position get none of its weight, so each block of queries only reads the keys up to its last row.
 """
 
 from __future__ import annotations
@@ -17,6 +22,36 @@ from methods.base import LayerView
 CHUNK_ELEMENTS = 1 << 26
 
 
+def _blocks(view: LayerView, chunk_elements: int) -> tuple[Tensor, Tensor, list[tuple[int, int, Tensor]]]:
+    """fp32 grouped queries ``(Hkv, group, Q, D)``, fp32 keys ``(Hkv, D, T)``, and per block of query
+    rows ``(first row, last row + 1, causal mask of the block's logits)``."""
+    kv_heads, length, dim = view.keys.shape
+    heads, count = view.queries.shape[0], view.queries.shape[1]
+    grouped = view.queries.float().view(kv_heads, heads // kv_heads, count, dim)
+    keys = view.keys.float().transpose(-1, -2)
+    rows = max(1, chunk_elements // (heads * length))
+    blocks = []
+    for start in range(0, count, rows):
+        end = min(start + rows, count)
+        visible = length - count + end
+        query_pos = torch.arange(length - count + start, visible, device=keys.device)
+        hidden = torch.arange(visible, device=keys.device)[None, :] > query_pos[:, None]
+        blocks.append((start, end, hidden))
+    return grouped, keys, blocks
+
+
+def _logits(grouped: Tensor, keys: Tensor, start: int, end: int, hidden: Tensor, scaling: float) -> Tensor:
+    logits = torch.matmul(grouped[:, :, start:end], keys[:, None, :, : hidden.shape[1]]) * scaling
+    return logits.masked_fill(hidden, -torch.inf)
+
+
+def causal_logsumexp(view: LayerView, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
+    """Log-normaliser of every query row of ``view.queries`` over the keys it sees, ``(query_heads, Q)``."""
+    grouped, keys, blocks = _blocks(view, chunk_elements)
+    parts = [_logits(grouped, keys, start, end, hidden, view.scaling).logsumexp(-1) for start, end, hidden in blocks]
+    return torch.cat(parts, dim=-1).flatten(0, 1)
+
+
 def prompt_attention_votes(view: LayerView, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
     """Causal softmax weights of ``view.queries`` (the trailing prompt queries) summed over queries.
 
@@ -24,18 +59,14 @@ def prompt_attention_votes(view: LayerView, chunk_elements: int = CHUNK_ELEMENTS
     the queries and averaged over each KV head's query group (entries after a query get none
     of its weight).
     """
-    kv_heads, length, dim = view.keys.shape
-    queries = view.queries.float()
-    heads, count = queries.shape[0], queries.shape[1]
-    grouped = queries.view(kv_heads, heads // kv_heads, count, dim)
-    keys = view.keys.float().transpose(-1, -2).unsqueeze(1)
-    entry = torch.arange(length, device=keys.device)
-    rows = max(1, chunk_elements // (heads * length))
-    votes = torch.zeros(kv_heads, heads // kv_heads, length, device=keys.device)
-    for start in range(0, count, rows):
-        block = grouped[:, :, start : start + rows]
-        logits = torch.matmul(block, keys) * view.scaling
-        query_pos = torch.arange(length - count + start, length - count + start + block.shape[2], device=keys.device)
-        logits = logits.masked_fill(entry[None, :] > query_pos[:, None], -torch.inf)
-        votes += logits.softmax(dim=-1).sum(dim=2)
+    kv_heads, length, _ = view.keys.shape
+    if view.query_mass is not None:
+        return view.query_mass().to(view.keys.device).view(kv_heads, -1, length).mean(dim=1)
+    lse = causal_logsumexp(view, chunk_elements)
+    grouped, keys, blocks = _blocks(view, chunk_elements)
+    lse = lse.float().view(grouped.shape[:3])
+    votes = torch.zeros(*grouped.shape[:2], keys.shape[-1], device=keys.device)
+    for start, end, hidden in blocks:
+        logits = _logits(grouped, keys, start, end, hidden, view.scaling)
+        votes[..., : hidden.shape[1]] += (logits - lse[:, :, start:end, None]).exp().sum(dim=2)
     return votes.mean(dim=1)

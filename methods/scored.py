@@ -129,6 +129,11 @@ class ScoredEviction(EvictionMethod):
     def budget(self) -> int | None:
         return self._budget
 
+    @property
+    def order_free(self) -> bool:
+        # The state lives over absolute positions; only the scorer may read the cache's order.
+        return self.scorer.order_free
+
     def _compresses(self, step: int) -> bool:
         return step % self.compress_every == 0
 
@@ -213,10 +218,16 @@ class ScoredEviction(EvictionMethod):
             shared = self._select(0, cached, seen)[0]
             plan = [shared] * len(positions)
         else:
-            plan = []
-            for layer, layer_positions in enumerate(positions):
-                chosen = self._select(layer, self._row_positions(layer_positions), seen)
-                plan.append(chosen if self.selection.granularity == "head" else chosen[0])
+            rows = [self._row_positions(layer_positions) for layer_positions in positions]
+            if len({row.shape for row in rows}) == 1 and not (self._rescue and not self._evicted):
+                # Every layer holds the same count: one selection over all layers at once.
+                stacked = torch.stack(rows)
+                priority = self.state.gather(2, stacked)
+                chosen = self.selection.select(priority, stacked, seen, self._budget, self.info.prefill_len)
+                per_layer = list(chosen.unbind(0))
+            else:
+                per_layer = [self._select(layer, row, seen) for layer, row in enumerate(rows)]
+            plan = per_layer if self.selection.granularity == "head" else [chosen[0] for chosen in per_layer]
         self._evicted = True
         return plan
 

@@ -67,7 +67,7 @@ class SnapKV(EvictionMethod):
         return self.selection.window if self._budget is not None else 0
 
     def observe_prefill(self, view: LayerView) -> None:
-        votes = prompt_attention_votes(view)
+        votes = prompt_attention_votes(view.to(self.info.device))
         pool = torch.nn.functional.max_pool1d if self.pooling == "max" else torch.nn.functional.avg_pool1d
         pad = self.kernel_size // 2
         self._scores[view.layer] = pool(votes.unsqueeze(1), self.kernel_size, stride=1, padding=pad).squeeze(1)

@@ -18,6 +18,10 @@ length), whether 1. and 2. agree (documents with equal prompts / equal outputs),
 difference of 4. to 1. with a 95% CI (unpaired bootstrap: the two syntheses draw different
 documents). Everything is cached under ``--out`` (lm-eval's per-document samples as JSON,
 task=ruler's records), so a rerun only computes what is missing.
+
+Each of 1.-3. runs in a process of its own (``--only``): lm-eval's ruler_fwe and ruler_cwe draw
+their documents from Python's global ``random``, so in one process every build after the first
+gets other documents, and the ways would not see the same ones.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,17 +81,35 @@ def lm_eval_samples(way: str, subtask: str, length: int, n: int, out: Path, mode
     return samples
 
 
-def harness_prompts(subtask: str, length: int, n: int, tokenizer: Any) -> dict[int, str]:
+def harness_prompts(subtask: str, length: int, n: int, out: Path, tokenizer: Any) -> list[dict]:
     """The prompt hashes ``task=lm_eval`` builds for the same documents, by document id."""
+    path = out / "task_lm_eval" / f"{subtask}_{length}_n{n}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
     from lm_eval.utils import hash_string
 
     task = LmEvalTask(tasks=[subtask], n=n, metadata={"max_seq_lengths": [length]})
     examples = task.examples(tokenizer)
     documents = task._documents
-    return {
-        example.meta["doc_id"]: hash_string(documents[example.example_id].requests[0].arguments[0])
+    samples = [
+        {
+            "doc_id": example.meta["doc_id"],
+            "prompt_hash": hash_string(documents[example.example_id].requests[0].arguments[0]),
+        }
         for example in examples
-    }
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(samples, indent=1))
+    return samples
+
+
+def in_own_process(way: str, subtask: str, length: int, args: argparse.Namespace) -> list[dict]:
+    """``way``'s samples of ``subtask`` at ``length``, computed by a fresh process if not cached yet."""
+    path = args.out / way / f"{subtask}_{length}_n{args.n}.json"
+    if not path.is_file():
+        only = ["--only", way, subtask, str(length), "--n", str(args.n), "--threads", str(args.threads)]
+        subprocess.run([sys.executable, __file__, *only, "--out", str(args.out)], check=True)
+    return json.loads(path.read_text())
 
 
 def ruler_scores(subtask: str, length: int, n: int, out: Path, threads: int) -> list[float]:
@@ -130,6 +154,7 @@ def main() -> None:
     parser.add_argument("--subtasks", nargs="+", default=list(SUBTASKS), choices=list(SUBTASKS))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("results/lm_eval_peer"))
+    parser.add_argument("--only", nargs=3, metavar=("WAY", "SUBTASK", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -150,6 +175,13 @@ def main() -> None:
         return harness.lm_eval_model.EvictbenchLM(model="smollm2_135m", method="full", rho=0, threads=args.threads)
 
     models = {"hf": once("hf", hf), "evictbench": once("evictbench", evictbench), "tokenizer": folder}
+    if args.only:
+        way, subtask, length = args.only
+        if way == "task_lm_eval":
+            harness_prompts(subtask, int(length), args.n, args.out, tokenizer)
+        else:
+            lm_eval_samples(way, subtask, int(length), args.n, args.out, models)
+        return
     print(
         "| subtask | length | n | lm-eval hf | evictbench (lm-eval, full) | prompts equal | outputs equal "
         "| task=lm_eval prompts equal | task=ruler | task=ruler - hf [95% CI] |"
@@ -157,13 +189,13 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     for subtask in args.subtasks:
         for length in args.lengths:
-            reference = lm_eval_samples("hf", subtask, length, args.n, args.out, models)
-            ours = lm_eval_samples("evictbench", subtask, length, args.n, args.out, models)
+            reference = in_own_process("hf", subtask, length, args)
+            ours = in_own_process("evictbench", subtask, length, args)
             by_doc = {sample["doc_id"]: sample for sample in ours}
             prompts = sum(by_doc[s["doc_id"]]["prompt_hash"] == s["prompt_hash"] for s in reference)
             outputs = sum(by_doc[s["doc_id"]]["output"] == s["output"] for s in reference)
-            built_prompts = harness_prompts(subtask, length, args.n, tokenizer)
-            harness_equal = sum(built_prompts.get(s["doc_id"]) == s["prompt_hash"] for s in reference)
+            rebuilt = {s["doc_id"]: s["prompt_hash"] for s in in_own_process("task_lm_eval", subtask, length, args)}
+            harness_equal = sum(rebuilt.get(s["doc_id"]) == s["prompt_hash"] for s in reference)
             hf_scores = [s["score"] for s in reference]
             ruler = ruler_scores(SUBTASKS[subtask], length, args.n, args.out, args.threads)
             diff, low, high = difference_ci(hf_scores, ruler)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -47,9 +49,18 @@ def named_method(name: str, *overrides: str):
     return instantiate(compose_config(f"method={name}", *overrides).method)
 
 
+# scripts/gpu_check.sh runs the engine's tests on a GPU in bf16 with EVICTBENCH_TEST_DEVICE=cuda.
+TEST_DEVICE = os.environ.get("EVICTBENCH_TEST_DEVICE", "cpu")
+
+
+def tiny_spec(name: str):
+    spec = model_spec(name)
+    return spec if TEST_DEVICE == "cpu" else dataclasses.replace(spec, device=TEST_DEVICE, dtype="bfloat16")
+
+
 @pytest.fixture(scope="session")
 def tiny_models() -> dict:
-    return {name: load_model(model_spec(name)) for name in TINY_MODELS}
+    return {name: load_model(tiny_spec(name)) for name in TINY_MODELS}
 
 
 @pytest.fixture(scope="session")

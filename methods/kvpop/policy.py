@@ -196,12 +196,14 @@ class KVpop(EvictionMethod):
         return self._budget is not None
 
     def observe_prefill(self, view: LayerView) -> None:
+        view = view.to(self.info.device)
         self._teacher.observe(view.layer, view.queries, view.keys, view.scaling)
 
     def observe(self, view: LayerView) -> None:
+        view = view.to(self.info.device)
         layer = view.layer
         self.trained.check_geometry(self.checkpoint, self.info.num_layers, self.info.num_kv_heads, view.keys.shape[-1])
-        seen = int(view.positions[0, -1]) + 1
+        seen = view.seen if view.seen is not None else int(view.positions[0, -1]) + 1
         count = seen - self._scored[layer]
         if self._teacher is not None:
             fresh = seen - self._teacher.seen(layer)

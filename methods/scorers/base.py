@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
+import torch
 from torch import Tensor
 
 from methods.base import LayerView, SequenceInfo
@@ -15,6 +16,8 @@ class Scorer(ABC):
 
     #: Whether the score reads ``view.weights`` (the engine then exposes the attention).
     needs_attention: ClassVar[bool] = True
+    #: Whether an entry's score is the same in any cache order (``EvictionMethod.order_free``).
+    order_free: ClassVar[bool] = True
 
     def begin(self, info: SequenceInfo) -> None:
         """Reset per-sequence state (only stochastic scorers have any)."""
@@ -29,3 +32,33 @@ def group_mean(view: LayerView) -> Tensor:
     if view.weights is None:
         raise ValueError("this scorer needs attention weights, but the view carries none")
     return view.weights.float().mean(dim=1)
+
+
+class EntryNorms:
+    """The norm of every cached key (or value), measured once per entry and kept by absolute position.
+
+    A norm never changes once its entry is cached, so measuring the whole cache in fp32 at every
+    step is wasted work. Entries arrive at the end of a layer's cache, so those not measured yet
+    are among its last ``view.seen - measured`` entries, which needs no read of a device tensor.
+    Before ``begin``, and on views without ``seen`` or ragged ones, the whole view is measured.
+    """
+
+    def __init__(self) -> None:
+        self._norms: Tensor | None = None
+        self._measured: list[int] = []
+
+    def begin(self, info: SequenceInfo) -> None:
+        capacity = info.prefill_len + info.max_new_tokens + 1
+        self._norms = torch.zeros(info.num_layers, info.num_kv_heads, capacity, device=info.device)
+        self._measured = [0] * info.num_layers
+
+    def __call__(self, view: LayerView, entries: Tensor) -> Tensor:
+        """``(kv_heads, T)`` fp32 norms of ``entries`` ``(kv_heads, T, D)`` (its keys or values), on their device."""
+        if self._norms is None or view.seen is None or isinstance(view.positions, tuple):
+            return entries.float().norm(dim=-1)
+        norms, positions = self._norms[view.layer], view.positions.to(self._norms.device)
+        fresh = min(entries.shape[1], view.seen - self._measured[view.layer])
+        if fresh > 0:
+            norms.scatter_(1, positions[:, -fresh:], entries[:, -fresh:].float().norm(dim=-1).to(norms.device))
+            self._measured[view.layer] = view.seen
+        return norms.gather(1, positions).to(entries.device)

@@ -117,7 +117,7 @@ class ExpectedAttentionScorer(Scorer):
         rows = view.positions if ragged else view.positions.unbind(0)
         keys = view.keys if ragged else view.keys.unbind(0)
         values = view.values if ragged else view.values.unbind(0)
-        newest = max(int(row.max()) for row in rows)
+        newest = view.seen - 1 if view.seen is not None else max(int(row.max()) for row in rows)
         statistics = self._observe_queries(view, newest)
         if statistics.count == 0:
             scores = tuple(torch.zeros(row.shape, device=row.device) for row in rows)

@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from methods.base import LayerView
-from methods.scorers.base import Scorer
+from methods.base import LayerView, SequenceInfo
+from methods.scorers.base import EntryNorms, Scorer
+
+# torch.nn.functional.normalize's floor on a norm.
+_EPS = 1e-12
 
 
 @dataclass
 class KeyDiffScorer(Scorer):
-    """Negative cosine similarity of each key to the mean key direction of its head."""
+    """Negative cosine similarity of each key to the mean key direction of its head.
+
+    With the key norms ``n_j`` measured once per entry, the anchor ``normalize(mean_j k_j / n_j)``
+    and the cosines ``k_j . anchor / n_j`` are two products with the keys as cached: no per-step
+    copy of the cache in fp32.
+    """
 
     needs_attention = False
+    order_free = False  # EntryNorms finds the entries it has not measured at the end of the cache
+    norms: EntryNorms = field(default_factory=EntryNorms, init=False, repr=False, compare=False)
+
+    def begin(self, info: SequenceInfo) -> None:
+        self.norms.begin(info)
 
     def score(self, view: LayerView) -> Tensor:
-        keys = torch.nn.functional.normalize(view.keys.float(), dim=-1)
-        anchor = torch.nn.functional.normalize(keys.mean(dim=1, keepdim=True), dim=-1)
-        return -(keys * anchor).sum(dim=-1)
+        keys = view.keys
+        inverse = 1.0 / self.norms(view, keys).clamp_min(_EPS)
+        direction = torch.matmul(inverse[:, None, :].to(keys.dtype), keys)[:, 0].float() / keys.shape[1]
+        anchor = torch.nn.functional.normalize(direction, dim=-1, eps=_EPS)
+        return -torch.matmul(keys, anchor.to(keys.dtype)[:, :, None])[..., 0].float() * inverse

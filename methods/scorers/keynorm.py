@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from methods.base import LayerView
-from methods.scorers.base import Scorer
+from methods.base import LayerView, SequenceInfo
+from methods.scorers.base import EntryNorms, Scorer
 
 
 @dataclass
@@ -15,6 +15,11 @@ class KeyNormScorer(Scorer):
     """``-||k_j||``."""
 
     needs_attention = False
+    order_free = False  # EntryNorms finds the entries it has not measured at the end of the cache
+    norms: EntryNorms = field(default_factory=EntryNorms, init=False, repr=False, compare=False)
+
+    def begin(self, info: SequenceInfo) -> None:
+        self.norms.begin(info)
 
     def score(self, view: LayerView) -> Tensor:
-        return -view.keys.float().norm(dim=-1)
+        return -self.norms(view, view.keys)

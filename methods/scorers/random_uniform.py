@@ -16,6 +16,7 @@ class RandomScorer(Scorer):
     """Scores drawn from U(0, 1) with a generator seeded per sequence (reproducible)."""
 
     needs_attention = False
+    order_free = False  # its draws follow the cache's order
     generator: torch.Generator = field(default_factory=torch.Generator, repr=False)
 
     def begin(self, info: SequenceInfo) -> None:
