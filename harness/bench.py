@@ -61,7 +61,11 @@ def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: fl
     )
 
 
-def run(model_name: str, lengths: list[int], rhos: list[float], methods: list[str], new_tokens: int) -> pd.DataFrame:
+def run(
+    model_name: str, lengths: list[int], rhos: list[float], methods: list[str], new_tokens: int, repeats: int = 1
+) -> pd.DataFrame:
+    """One row per length, rho and method: the median over ``repeats`` rounds, each round running
+    every method once in turn (interleaved, so a slow spell of a shared machine hits them all)."""
     spec = model_spec(model_name)
     tokenizer = load_tokenizer(spec)
     model = load_model(spec)
@@ -69,14 +73,16 @@ def run(model_name: str, lengths: list[int], rhos: list[float], methods: list[st
     for length in lengths:
         ids = RulerTask(tasks=["niah_single_1"], lengths=[length], n=1).examples(tokenizer)[0].input_ids
         for rho in rhos:
-            for name in methods:
-                method = instantiate(compose_config(f"method={name}", f"rho={rho}").method)
-                rows.append(measure(Engine(model, method), ids, new_tokens, name, rho, length))
+            for _ in range(repeats):
+                for name in methods:
+                    method = instantiate(compose_config(f"method={name}", f"rho={rho}").method)
+                    rows.append(measure(Engine(model, method), ids, new_tokens, name, rho, length))
+                    print(rows[-1], flush=True)
+                budget = exact_floor((1 - rho) * len(ids))
+                rows.append(measure(Engine(model, FullCache()), ids[-budget:], new_tokens, "full@B", rho, length))
                 print(rows[-1], flush=True)
-            budget = exact_floor((1 - rho) * len(ids))
-            rows.append(measure(Engine(model, FullCache()), ids[-budget:], new_tokens, "full@B", rho, length))
-            print(rows[-1], flush=True)
-    table = pd.DataFrame([asdict(r) for r in rows])
+    runs = pd.DataFrame([asdict(r) for r in rows])
+    table = runs.groupby(["length", "rho", "method"], sort=False).median(numeric_only=True).reset_index()
     keys = list(zip(table.length, table.rho, strict=True))
     for reference in ("full", "full@B"):
         if reference not in set(table.method):
@@ -99,12 +105,13 @@ def main() -> None:
     )
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds over all methods; medians are printed")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    table = run(args.model, args.lengths, args.rhos, args.methods, args.new_tokens)
+    table = run(args.model, args.lengths, args.rhos, args.methods, args.new_tokens, args.repeats)
     pd.set_option("display.width", 200)
-    print(f"\nmodel={args.model} new_tokens={args.new_tokens} threads={torch.get_num_threads()}")
+    print(f"\nmodel={args.model} new_tokens={args.new_tokens} threads={torch.get_num_threads()} repeats={args.repeats}")
     print(table.round(3).to_string(index=False))
 
 

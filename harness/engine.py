@@ -39,8 +39,9 @@ class Generation:
         cache_len_final: entries cached after the last step, max over layers and heads.
         kv_entries_final: entries attention can see after the last step, mean over layers and
             KV heads (logical: a masked entry is held but not counted).
-        kv_bytes_final: bytes of keys and values held after the last step (physical), plus the
-            method's state that stands in for cache (``state_bytes``).
+        kv_bytes_final: bytes of keys and values held after the last step (physical: every slot
+            of the buffers, B + 1 at steady state), plus the method's state that stands in for
+            cache (``state_bytes``).
         state_bytes: bytes of that method state (a recurrent scorer's), included in ``kv_bytes_final``.
         kv_bytes_full: bytes a full cache of the same sequence would hold.
         prefill_peak_bytes, decode_peak_bytes: the memory peak of the prefill (reconstruction
