@@ -36,6 +36,7 @@ class BenchRow:
     decode_tok_s: float
     prefill_s: float
     kv_mb: float
+    slot_mb: float
     peak_mb: float
     kv_ratio: float
     score_share: float
@@ -54,6 +55,7 @@ def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: fl
         decode_tok_s=steps / result.decode_s,
         prefill_s=result.prefill_s,
         kv_mb=result.kv_bytes_final / 2**20,
+        slot_mb=result.slot_bytes_final / 2**20,
         peak_mb=result.decode_peak_bytes / 2**20,
         kv_ratio=result.kv_bytes_final / result.kv_bytes_full,
         score_share=result.score_s / result.decode_s,

@@ -39,9 +39,10 @@ class Generation:
         cache_len_final: entries cached after the last step, max over layers and heads.
         kv_entries_final: entries attention can see after the last step, mean over layers and
             KV heads (logical: a masked entry is held but not counted).
-        kv_bytes_final: bytes of keys and values held after the last step (physical: every slot
-            of the buffers, B + 1 at steady state), plus the method's state that stands in for
-            cache (``state_bytes``).
+        kv_bytes_final: bytes of the keys and values cached after the last step (physical
+            entries, not masks), plus the method's state that stands in for cache (``state_bytes``).
+        slot_bytes_final: bytes the cache's preallocated buffers hold after the last step, free
+            slots included (B + 1 slots at steady state; a full cache's whole preallocation).
         state_bytes: bytes of that method state (a recurrent scorer's), included in ``kv_bytes_final``.
         kv_bytes_full: bytes a full cache of the same sequence would hold.
         prefill_peak_bytes, decode_peak_bytes: the memory peak of the prefill (reconstruction
@@ -75,6 +76,7 @@ class Generation:
     evict_s: float
     max_cache_len: int
     state_bytes: int = 0
+    slot_bytes_final: int = 0
     target_logprobs: list[float] = field(default_factory=list)
     target_greedy: list[bool] = field(default_factory=list)
     method_report: dict[str, Any] = field(default_factory=dict)
@@ -334,6 +336,7 @@ class Engine:
             evict_s=evicting.seconds,
             max_cache_len=max_cache_len,
             state_bytes=state_bytes,
+            slot_bytes_final=kv_cache.held_bytes(cache),
             target_logprobs=target_logprobs,
             target_greedy=target_greedy,
             method_report=self.method.report(),

@@ -283,7 +283,12 @@ def truncate(cache: DynamicCache, length: int) -> None:
 
 
 def cache_bytes(cache: DynamicCache) -> int:
-    """Bytes of keys and values held now: a slot layer's whole buffers, a ragged layer exactly its entries."""
+    """Bytes of the keys and values cached now: the entries, not a slot layer's free slots."""
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layer_tensors(cache))
+
+
+def held_bytes(cache: DynamicCache) -> int:
+    """Bytes the cache's buffers hold now, free slots included (a ragged layer holds exactly its entries)."""
     total = 0
     for layer in cache.layers:
         if isinstance(layer, SlotLayer) and layer.is_initialized:

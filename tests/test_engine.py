@@ -74,13 +74,15 @@ def test_budget_held_physically_after_every_decode_step(tiny_models, name):
         assert s["lengths"] == [budget] * len(s["lengths"]), s["step"]
         keys, values = s["layers"][0]
         assert keys.shape[-2] == values.shape[-2] == budget
-    # Held physically: B slots plus the one the next token is written into; no storage of the
-    # uncompressed cache stays alive.
-    slot_bytes = keys.shape[1] * keys.shape[-1] * keys.element_size()
+    # No storage of the uncompressed cache stays alive: the buffers hold B slots and the one the
+    # next token is written into.
+    bytes_per_layer = 2 * budget * keys.shape[1] * keys.shape[-1] * keys.element_size()
+    slot_bytes = bytes_per_layer // (2 * budget)
     assert steps[-1]["storage"] == [(budget + 1) * slot_bytes] * len(steps[-1]["storage"])
-    assert result.kv_bytes_final == 2 * (budget + 1) * slot_bytes * model.config.num_hidden_layers
+    assert result.kv_bytes_final == bytes_per_layer * model.config.num_hidden_layers
+    assert result.slot_bytes_final == 2 * (budget + 1) * slot_bytes * model.config.num_hidden_layers
     full_len = PROMPT_LEN + NEW_TOKENS - 1
-    assert result.kv_bytes_final / result.kv_bytes_full == pytest.approx((budget + 1) / full_len)
+    assert result.kv_bytes_final / result.kv_bytes_full == pytest.approx(budget / full_len)
     assert result.cache_len_final == budget
 
 
@@ -350,7 +352,8 @@ def test_full_cache_memory_figures(tiny_models):
     model = tiny_models["tiny_llama"]
     result = Engine(model, FullCache()).generate(prompt(3), 5)
     per_token = model.config.num_hidden_layers * model.config.num_key_value_heads * 2 * model.config.head_dim * 4
-    # Preallocated: the prefill already holds the slots of every token the sequence can reach.
-    assert result.prefill_peak_bytes == result.decode_peak_bytes == (PROMPT_LEN + 4) * per_token
-    assert result.kv_bytes_final == result.kv_bytes_full == (PROMPT_LEN + 4) * per_token
+    assert result.prefill_peak_bytes == PROMPT_LEN * per_token
+    assert result.decode_peak_bytes == result.kv_bytes_final == result.kv_bytes_full == (PROMPT_LEN + 4) * per_token
     assert result.kv_entries_final == PROMPT_LEN + 4
+    # Preallocated for every token the sequence can reach, and all of them reached.
+    assert result.slot_bytes_final == result.kv_bytes_final

@@ -212,16 +212,11 @@ def test_layer_wise_prefill_eviction_lowers_the_prefill_peak(tiny_models):
     budget = PROMPT_LEN // 4
     full_prompt = layers * heads * PROMPT_LEN * entry
     decode_time = Engine(model, named_method("inertia", "rho=0.75")).generate(ids, 4)
-    # The whole prompt in every layer, in buffers with room for the first step's token.
-    assert decode_time.prefill_peak_bytes == full_prompt * (PROMPT_LEN + 1) // PROMPT_LEN
-    # AdaKV's layers are stored ragged (exactly their entries); KeyDiff's are gathered into buffers of
-    # B entries and the slot the next token is written into.
-    for name, held in (("adakv_ea", budget), ("keydiff", budget + 1)):
+    assert decode_time.prefill_peak_bytes == full_prompt
+    for name in ("adakv_ea", "keydiff"):
         pressed = Engine(model, named_method(name, "rho=0.75")).generate(ids, 4)
-        # The peak is at the last layer: the others already cut, the last one whole (and its
-        # buffer's slot for the first step's token).
-        last_layer = heads * (PROMPT_LEN + 1) * entry
-        assert pressed.prefill_peak_bytes == (layers - 1) * heads * held * entry + last_layer, name
+        # The peak is at the last layer: the others already cut to H * B, the last one whole.
+        assert pressed.prefill_peak_bytes == (layers - 1) * heads * budget * entry + heads * PROMPT_LEN * entry, name
         assert pressed.decode_peak_bytes == layers * heads * (budget + 3) * entry, name
 
 
