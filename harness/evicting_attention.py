@@ -5,7 +5,9 @@ forward's state is a ``StepState`` holding the method's ``Driver`` and the cache
 (one query row) whose method wants scores, or adds a logit bias, the softmax weights are computed
 explicitly, used for the output *and* handed to the method, so scoring costs no second
 attention pass. A ragged layer (its KV heads hold different counts) is attended head by head.
-Every other call (the prefill, steps without scoring, batch > 1) goes to SDPA.
+Every other call (the prefill, steps without scoring, batch > 1) goes to SDPA; a prefill the
+method observes calls SDPA's CPU flash kernel directly, for the rows' log-normalisers it also
+returns (the prompt votes' fused pass, ``harness.attention.causal_column_mass``).
 
 Prefill-time calls may evict: a method that decides layer by layer gets the layer right after
 its observation and the layer's cache is cut before the next layer runs. A context-reconstruction
@@ -59,7 +61,7 @@ def single_query_attention(
     Shapes: query ``(1, H, 1, D)``, key/value ``(1, Hkv, T, D)``, bias ``(Hkv, T)``.
     Returns the output ``(1, 1, H, D)`` (the layout attention functions return) and the
     weights ``(Hkv, H/Hkv, T)``. Logits and softmax are fp32 whatever the model's dtype (in bf16
-    the output error was 10x SDPA's, so a scored and an unscored step ran on different numerics);
+    the output error was 8x SDPA's, so a scored and an unscored step ran on different numerics);
     only the value product runs in the model's dtype. The weights handed on stay fp32.
     """
     _, heads, _, dim = query.shape

@@ -137,7 +137,11 @@ class SlotLayer(DynamicLayer):
         self.arrived = length
 
     def held_bytes(self) -> int:
-        return self._keys.numel() * self._keys.element_size() + self._values.numel() * self._values.element_size()
+        return _bytes(self._keys, self._values)
+
+
+def _bytes(keys: Tensor, values: Tensor) -> int:
+    return keys.numel() * keys.element_size() + values.numel() * values.element_size()
 
 
 def _pack(rows: Sequence[Tensor]) -> Tensor:
@@ -284,18 +288,16 @@ def truncate(cache: DynamicCache, length: int) -> None:
 
 def cache_bytes(cache: DynamicCache) -> int:
     """Bytes of the keys and values cached now: the entries, not a slot layer's free slots."""
-    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layer_tensors(cache))
+    return sum(_bytes(keys, values) for keys, values in layer_tensors(cache))
 
 
 def held_bytes(cache: DynamicCache) -> int:
     """Bytes the cache's buffers hold now, free slots included (a ragged layer holds exactly its entries)."""
-    total = 0
-    for layer in cache.layers:
-        if isinstance(layer, SlotLayer) and layer.is_initialized:
-            total += layer.held_bytes()
-        elif layer.keys is not None:
-            total += layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
-    return total
+    return sum(
+        layer.held_bytes() if isinstance(layer, SlotLayer) else _bytes(layer.keys, layer.values)
+        for layer in cache.layers
+        if layer.keys is not None
+    )
 
 
 def cache_lengths(cache: DynamicCache) -> list[int]:

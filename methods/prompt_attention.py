@@ -47,9 +47,12 @@ def _logits(grouped: Tensor, keys: Tensor, start: int, end: int, hidden: Tensor,
 
 def causal_logsumexp(view: LayerView, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
     """Log-normaliser of every query row of ``view.queries`` over the keys it sees, ``(query_heads, Q)``."""
-    grouped, keys, blocks = _blocks(view, chunk_elements)
-    parts = [_logits(grouped, keys, start, end, hidden, view.scaling).logsumexp(-1) for start, end, hidden in blocks]
-    return torch.cat(parts, dim=-1).flatten(0, 1)
+    return _logsumexp(*_blocks(view, chunk_elements), view.scaling).flatten(0, 1)
+
+
+def _logsumexp(grouped: Tensor, keys: Tensor, blocks: list[tuple[int, int, Tensor]], scaling: float) -> Tensor:
+    parts = [_logits(grouped, keys, start, end, hidden, scaling).logsumexp(-1) for start, end, hidden in blocks]
+    return torch.cat(parts, dim=-1)
 
 
 def prompt_attention_votes(view: LayerView, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
@@ -62,9 +65,8 @@ def prompt_attention_votes(view: LayerView, chunk_elements: int = CHUNK_ELEMENTS
     kv_heads, length, _ = view.keys.shape
     if view.query_mass is not None:
         return view.query_mass().to(view.keys.device).view(kv_heads, -1, length).mean(dim=1)
-    lse = causal_logsumexp(view, chunk_elements)
     grouped, keys, blocks = _blocks(view, chunk_elements)
-    lse = lse.float().view(grouped.shape[:3])
+    lse = _logsumexp(grouped, keys, blocks, view.scaling)
     votes = torch.zeros(*grouped.shape[:2], keys.shape[-1], device=keys.device)
     for start, end, hidden in blocks:
         logits = _logits(grouped, keys, start, end, hidden, view.scaling)
