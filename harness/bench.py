@@ -6,6 +6,10 @@ full cache on a prompt of B tokens: the physical limit any eviction method at bu
 approach. Figures are printed, not asserted: run it on a quiet machine.
 
     python -m harness.bench --lengths 4096 8192 --rhos 0.9 --new-tokens 64
+
+With ``--batch-sizes 1 8`` it then decodes N = the largest size of such prompts (RULER's first N
+niah_single_1 examples at L0) at each batch size and prints the decode throughput: tokens of all
+sequences per second of decode wall time (prefills excluded), and its ratio to batch 1.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
-from harness.engine import Engine
+from harness.engine import Engine, Request
 from harness.errors import cli
 from harness.models import load_model, load_tokenizer
 from methods.full import FullCache
@@ -97,6 +101,43 @@ def run(
     return table
 
 
+def batch_run(
+    model_name: str, lengths: list[int], rhos: list[float], methods: list[str], new_tokens: int, sizes: list[int]
+) -> pd.DataFrame:
+    """Decode throughput of the same N prompts at each batch size (N = the largest size).
+
+    Every sequence decodes exactly ``new_tokens`` (no stop token), so sequences that start together
+    end together and the decode wall time of a batch is any member's ``decode_s``: the throughput
+    at batch b is b * (all decode steps) / (sum of the sequences' ``decode_s``).
+    """
+    spec = model_spec(model_name)
+    tokenizer = load_tokenizer(spec)
+    model = load_model(spec)
+    count = max(sizes)
+    rows = []
+    for length in lengths:
+        examples = RulerTask(tasks=["niah_single_1"], lengths=[length], n=count).examples(tokenizer)
+        requests = [Request(example.input_ids, new_tokens) for example in examples]
+        for rho in rhos:
+            for name in methods:
+                method = instantiate(compose_config(f"method={name}", f"rho={rho}").method)
+                engine = Engine(model, method)
+                for size in sizes:
+                    done = [generation for _, generation in engine.generate_batch(enumerate(requests), size)]
+                    steps = sum(generation.new_tokens - 1 for generation in done)
+                    seconds = sum(generation.decode_s for generation in done) / size
+                    rows.append({"length": length, "rho": rho, "method": name, "batch_size": size,
+                                 "sequences": len(done), "decode_tok_s": steps / seconds})  # fmt: skip
+                    print(rows[-1], flush=True)
+    table = pd.DataFrame(rows)
+    alone = table[table.batch_size == min(sizes)].set_index(["length", "rho", "method"]).decode_tok_s
+    table[f"x_batch{min(sizes)}"] = [
+        speed / alone[key]
+        for speed, key in zip(table.decode_tok_s, zip(table.length, table.rho, table.method, strict=True), strict=True)
+    ]
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2_135m")
@@ -108,13 +149,21 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all methods; medians are printed")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="also decode throughput at these")
+    parser.add_argument("--skip-single", action="store_true", help="only the batch table")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    table = run(args.model, args.lengths, args.rhos, args.methods, args.new_tokens, args.repeats)
     pd.set_option("display.width", 200)
-    print(f"\nmodel={args.model} new_tokens={args.new_tokens} threads={torch.get_num_threads()} repeats={args.repeats}")
-    print(table.round(3).to_string(index=False))
+    header = f"\nmodel={args.model} new_tokens={args.new_tokens} threads={torch.get_num_threads()}"
+    if not args.skip_single:
+        table = run(args.model, args.lengths, args.rhos, args.methods, args.new_tokens, args.repeats)
+        print(f"{header} repeats={args.repeats}")
+        print(table.round(3).to_string(index=False))
+    if args.batch_sizes:
+        table = batch_run(args.model, args.lengths, args.rhos, args.methods, args.new_tokens, args.batch_sizes)
+        print(f"{header} batch sizes={args.batch_sizes}")
+        print(table.round(3).to_string(index=False))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
 """Prefill, then a decode loop in which the method observes and physically evicts.
 
-One sequence at a time (batch 1): every sequence gets its own keep sets, and eviction
-comparisons are paired per example anyway. The cache is preallocated (``kv_cache.SlotLayer``):
+Every sequence gets its own keep sets, budget, positions and cache. ``generate`` decodes one
+sequence; ``generate_batch`` decodes several together (each prefilled alone, then one forward per
+step for all of them: the weights are read once per step, the attention runs per sequence over
+its own cache). The cache is preallocated (``kv_cache.SlotLayer``):
 a new token is written into a free slot, and an order-free method's one eviction per step
 refills the evicted slot with the last entry, so a steady-state step copies no layer.
 """
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -19,7 +22,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 
 from harness import kv_cache
 from harness.attention import select
-from harness.evicting_attention import EVICTING, StepState
+from harness.evicting_attention import EVICTING, BatchState, StepState
 from harness.models import check_length
 from harness.reconstruction import reconstruction_passes
 from harness.sampling import Sampling
@@ -167,7 +170,8 @@ class Engine:
 
     Parameters:
         model: any decoder-only transformers causal LM with standard attention modules.
-        method: the eviction method (fresh state per sequence through ``begin``).
+        method: the eviction method (fresh state per sequence through ``begin``; ``generate_batch``
+            serves each sequence of a batch with a copy of it).
         sampling: greedy by default.
         on_step: optional callback ``(step, context, cache)`` after each step's eviction
             (tests and diagnostics).
@@ -234,6 +238,7 @@ class Engine:
         seed: int = 0,
         forced: list[int] | None = None,
         min_new_tokens: int = 0,
+        sampling: Sampling | None = None,
     ) -> Generation:
         """Generate up to ``max_new_tokens`` after ``input_ids``.
 
@@ -242,24 +247,100 @@ class Engine:
         of sampled ones (teacher forcing, ``max_new_tokens`` and stops ignored) and the
         log-probability of each is returned; the method evicts exactly as in generation.
         Until ``min_new_tokens`` tokens exist, stop tokens cannot be sampled and stop strings
-        are not checked.
+        are not checked. ``sampling`` replaces the engine's for this sequence.
         """
+        return self.serve(
+            Request(input_ids, max_new_tokens, stop_token_ids, stop, seed, forced, min_new_tokens, sampling)
+        )
+
+    @torch.inference_mode()
+    def serve(self, request: Request) -> Generation:
+        """``generate`` for a ``Request``."""
+        sequence = self._start(request, self.method)
+        while not sequence.finished:
+            start = self._clock()
+            token, position = sequence.next_step()
+            with EVICTING.active(sequence.state):
+                logits = self._forward([token], position, sequence.cache)
+            sequence.end_step(logits)
+            sequence.decode_s += self._clock() - start
+        return sequence.generation()
+
+    @torch.inference_mode()
+    def generate_batch(
+        self, requests: Iterable[tuple[Key, Request]], batch_size: int
+    ) -> Iterator[tuple[Key, Generation]]:
+        """Generate every request, ``batch_size`` sequences decoding together; yields ``(key, generation)``
+        as each sequence ends (not in the order given).
+
+        Each sequence is prefilled alone and then joins the batch's decode steps, with its own copy
+        of the method, keep sets, budget, positions and cache; a finished sequence's place goes to
+        the next request. Every figure but the timings and (on CUDA) the allocator's peaks is the one
+        ``generate`` gives the request alone; a sequence's ``decode_s`` is the wall time of the batch
+        steps it took part in. Greedy tokens match ``generate``'s as long as no two logits tie
+        within the last bits in which a matrix product of batch rows differs from one row's.
+        """
+        if batch_size == 1:
+            for key, request in requests:
+                yield key, self.serve(request)
+            return
+        pending = iter(requests)
+        free = [self.method, *(copy.deepcopy(self.method) for _ in range(batch_size - 1))]
+        active: list[tuple[Key, _Sequence]] = []
+        while True:
+            while free and (item := next(pending, None)) is not None:
+                key, request = item
+                sequence = self._start(request, free.pop())
+                if sequence.finished:
+                    free.append(sequence.method)
+                    yield key, sequence.generation()
+                else:
+                    active.append((key, sequence))
+            if not active:
+                return
+            sequences = [sequence for _, sequence in active]
+            start = self._clock()
+            steps = [sequence.next_step() for sequence in sequences]
+            with EVICTING.active(BatchState([sequence.state for sequence in sequences])):
+                logits = self._forward_batch(steps, [sequence.cache for sequence in sequences])
+            for row, sequence in enumerate(sequences):
+                sequence.end_step(logits[row])
+            seconds = self._clock() - start
+            for sequence in sequences:
+                sequence.decode_s += seconds
+            for key, sequence in [item for item in active if item[1].finished]:
+                active.remove((key, sequence))
+                free.append(sequence.method)
+                yield key, sequence.generation()
+
+    def _forward_batch(self, steps: list[tuple[int, int]], caches: list[object]) -> Tensor:
+        """One decode step of several sequences: ``steps[i]`` is sequence i's (token, position)."""
+        input_ids = torch.tensor([[token] for token, _ in steps], device=self.device)
+        position_ids = torch.tensor([[position] for _, position in steps], device=self.device)
+        cache = kv_cache.batch_cache(self.model, caches)
+        output = self.model(
+            input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=1
+        )
+        return output.logits[:, -1]
+
+    def _start(self, request: Request, method: EvictionMethod) -> _Sequence:
+        """Prefill ``request`` under ``method`` (its prefill-time eviction included) and choose its first token."""
+        input_ids, max_new_tokens = request.input_ids, request.max_new_tokens
         if not input_ids:
             raise ValueError("empty prompt: the engine needs at least one prompt token")
-        if forced is not None:
-            max_new_tokens, stop_token_ids, stop = len(forced), frozenset(), None
+        if request.forced is not None:
+            max_new_tokens = len(request.forced)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         prefill_len = len(input_ids)
         check_length(self.model.config, prefill_len, max_new_tokens, "the prompt")
-        info = sequence_info(self.model.config, prefill_len, max_new_tokens, seed, self.device, self.model)
-        generator: torch.Generator | None = None
+        info = sequence_info(self.model.config, prefill_len, max_new_tokens, request.seed, self.device, self.model)
         # The last sampled token is never fed: L0 + max_new_tokens - 1 entries at most.
         most = prefill_len + max_new_tokens - 1
         _reset_peak(self.device)
         start = self._clock()
-        driver = Driver(self.method, info, refill=True)
-        budget = self.method.budget()
+        driver = Driver(method, info, refill=True)
+        budget = method.budget()
         # Room for the prompt and the first step's token, or for the cache's growth up to the budget.
         capacity = most if budget is None else min(most, max(prefill_len + 1, budget + 1))
         cache = kv_cache.new_cache(self.model, capacity, most)
@@ -271,73 +352,121 @@ class Engine:
         self._reconstruct(state, input_ids, cache)
         if (plan := state.driver.end_prefill()) is not None:
             kv_cache.evict(cache, plan)
-        prefill_s = self._clock() - start
-        prefill_peak = _peak(self.device, state.peak_bytes)
+        sequence = _Sequence(self, request, method, state, max_new_tokens)
+        sequence.prefill_s = self._clock() - start
+        sequence.prefill_peak = _peak(self.device, state.peak_bytes)
+        sequence.full_token_bytes = full_token_bytes
         if self.on_step:
             self.on_step(0, state, cache)
         _reset_peak(self.device)
-        decode_peak = kv_cache.cache_bytes(cache)
-        target_logprobs: list[float] = []
-        target_greedy: list[bool] = []
+        sequence.decode_peak = kv_cache.cache_bytes(cache)
+        sequence.take(logits)
+        return sequence
 
-        def next_token(logits: Tensor) -> int:
-            nonlocal generator
-            if forced is None:
-                if generator is None:
-                    # On the logits' device: a sharded model's last layer may sit elsewhere than its first.
-                    generator = torch.Generator(device=logits.device).manual_seed(seed)
-                if len(tokens) < min_new_tokens and stop_token_ids:
-                    logits = logits.index_fill(
-                        0, torch.tensor(sorted(stop_token_ids), device=logits.device), -torch.inf
-                    )
-                return self.sampling.choose(logits, generator)
-            target = forced[len(target_logprobs)]
+
+Key = TypeVar("Key")
+
+
+@dataclass
+class Request:
+    """One sequence for ``Engine.generate_batch``: the arguments of ``Engine.generate``."""
+
+    input_ids: list[int]
+    max_new_tokens: int
+    stop_token_ids: set[int] | frozenset[int] = frozenset()
+    stop: Callable[[list[int]], bool] | None = None
+    seed: int = 0
+    forced: list[int] | None = None
+    min_new_tokens: int = 0
+    sampling: Sampling | None = None
+
+
+class _Sequence:
+    """One sequence between its prefill and its last token: the method serving it, its cache and figures."""
+
+    def __init__(self, engine: Engine, request: Request, method: EvictionMethod, state: StepState, limit: int) -> None:
+        self.engine, self.request, self.method, self.state = engine, request, method, state
+        self.cache = state.cache
+        self.limit = limit
+        self.sampling = request.sampling or engine.sampling
+        self.stops = frozenset() if request.forced is not None else frozenset(request.stop_token_ids)
+        self.stop = None if request.forced is not None else request.stop
+        self.generator: torch.Generator | None = None
+        self.tokens: list[int] = []
+        self.target_logprobs: list[float] = []
+        self.target_greedy: list[bool] = []
+        self.step = 0
+        self.max_cache_len = 0
+        self.evicting = Stopwatch(engine.device)
+        self.prefill_s = self.decode_s = 0.0
+        self.prefill_peak = self.decode_peak = self.full_token_bytes = 0
+
+    @property
+    def finished(self) -> bool:
+        tokens = self.tokens
+        if len(tokens) >= self.limit:
+            return True
+        if len(tokens) < self.request.min_new_tokens:
+            return False
+        return tokens[-1] in self.stops or bool(self.stop and self.stop(tokens))
+
+    def take(self, logits: Tensor) -> None:
+        """Append the next token: sampled from ``logits``, or the forced one (its log-probability recorded)."""
+        forced = self.request.forced
+        if forced is not None:
+            target = forced[len(self.target_logprobs)]
             logprobs = torch.log_softmax(logits.float(), dim=-1)
-            target_logprobs.append(float(logprobs[target]))
-            target_greedy.append(int(logprobs.argmax()) == target)
-            return target
+            self.target_logprobs.append(float(logprobs[target]))
+            self.target_greedy.append(int(logprobs.argmax()) == target)
+            self.tokens.append(target)
+            return
+        if self.generator is None:
+            # On the logits' device: a sharded model's last layer may sit elsewhere than its first.
+            self.generator = torch.Generator(device=logits.device).manual_seed(self.request.seed)
+        if len(self.tokens) < self.request.min_new_tokens and self.stops:
+            logits = logits.index_fill(0, torch.tensor(sorted(self.stops), device=logits.device), -torch.inf)
+        self.tokens.append(self.sampling.choose(logits, self.generator))
 
-        tokens: list[int] = []
-        tokens.append(next_token(logits))
-        max_cache_len = 0
-        evicting = Stopwatch(self.device)
-        start = self._clock()
-        step = 0
-        while len(tokens) < max_new_tokens and (
-            len(tokens) < min_new_tokens or (tokens[-1] not in stop_token_ids and not (stop and stop(tokens)))
-        ):
-            step += 1
-            state.driver.next_step()
-            with EVICTING.active(state):
-                logits = self._forward([tokens[-1]], prefill_len + step - 1, cache)
-            decode_peak = max(decode_peak, kv_cache.cache_bytes(cache))
-            if (plan := state.driver.end_step()) is not None:
-                with evicting.timing():
-                    kv_cache.evict(cache, plan)
-            max_cache_len = max(max_cache_len, *kv_cache.cache_lengths(cache))
-            if self.on_step:
-                self.on_step(step, state, cache)
-            tokens.append(next_token(logits))
-        decode_s = self._clock() - start
-        state_bytes = self.method.state_bytes()
+    def next_step(self) -> tuple[int, int]:
+        """Start the next decode step; the token it feeds and that token's position."""
+        self.step += 1
+        self.state.driver.next_step()
+        return self.tokens[-1], self.state.driver.info.prefill_len + self.step - 1
+
+    def end_step(self, logits: Tensor) -> None:
+        """After the step's forward: evict as the method says, then take the next token from ``logits``."""
+        cache = self.cache
+        self.decode_peak = max(self.decode_peak, kv_cache.cache_bytes(cache))
+        if (plan := self.state.driver.end_step()) is not None:
+            with self.evicting.timing():
+                kv_cache.evict(cache, plan)
+        self.max_cache_len = max(self.max_cache_len, *kv_cache.cache_lengths(cache))
+        if self.engine.on_step:
+            self.engine.on_step(self.step, self.state, cache)
+        self.take(logits)
+
+    def generation(self) -> Generation:
+        method, cache, driver = self.method, self.cache, self.state.driver
+        state_bytes = method.state_bytes()
+        prefill_len = driver.info.prefill_len
         return Generation(
-            tokens=tokens,
+            tokens=self.tokens,
             prefill_len=prefill_len,
-            budget=self.method.budget(),
+            budget=method.budget(),
             cache_len_final=max(kv_cache.cache_lengths(cache)),
-            kv_entries_final=visible_entries(state.driver, cache),
+            kv_entries_final=visible_entries(driver, cache),
             kv_bytes_final=kv_cache.cache_bytes(cache) + state_bytes,
-            kv_bytes_full=full_token_bytes * (prefill_len + step),
-            prefill_peak_bytes=prefill_peak,
-            decode_peak_bytes=_peak(self.device, decode_peak),
-            prefill_s=prefill_s,
-            decode_s=decode_s,
-            score_s=state.driver.score_s,
-            evict_s=evicting.seconds,
-            max_cache_len=max_cache_len,
+            kv_bytes_full=self.full_token_bytes * (prefill_len + self.step),
+            prefill_peak_bytes=self.prefill_peak,
+            decode_peak_bytes=_peak(self.engine.device, self.decode_peak),
+            prefill_s=self.prefill_s,
+            decode_s=self.decode_s,
+            score_s=driver.score_s,
+            evict_s=self.evicting.seconds,
+            max_cache_len=self.max_cache_len,
             state_bytes=state_bytes,
             slot_bytes_final=kv_cache.held_bytes(cache),
-            target_logprobs=target_logprobs,
-            target_greedy=target_greedy,
-            method_report=self.method.report(),
+            target_logprobs=self.target_logprobs,
+            target_greedy=self.target_greedy,
+            method_report=method.report(),
         )

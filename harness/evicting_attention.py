@@ -5,7 +5,8 @@ forward's state is a ``StepState`` holding the method's ``Driver`` and the cache
 (one query row) whose method wants scores, or adds a logit bias, the softmax weights are computed
 explicitly, used for the output *and* handed to the method, so scoring costs no second
 attention pass. A ragged layer (its KV heads hold different counts) is attended head by head.
-Every other call (the prefill, steps without scoring, batch > 1) goes to SDPA; a prefill the
+Every other call (the prefill, steps without scoring) goes to SDPA; a decode step of several
+sequences (``BatchState``) serves each row alone, over its own cache; a prefill the
 method observes calls SDPA's CPU flash kernel directly, for the rows' log-normalisers it also
 returns (the prompt votes' fused pass, ``harness.attention.causal_column_mass``).
 
@@ -51,6 +52,24 @@ class StepState:
     def positions(self) -> list[Tensor]:
         """Per layer, the absolute positions cached now (``Driver.positions``)."""
         return self.driver.positions
+
+
+@dataclass
+class BatchState:
+    """The state of one decode forward of several sequences (``Engine.generate_batch``): one ``StepState``
+    per batch row, each with its own driver and cache."""
+
+    states: list[StepState]
+
+
+def _batched(batch: BatchState, call: Call) -> tuple[Tensor, Tensor | None]:
+    """Each row's query attends to its own sequence's cache, exactly as when that sequence decodes alone."""
+    outputs = []
+    for row, state in enumerate(batch.states):
+        key, value = kv_cache.entries(state.cache, call.layer)
+        alone = dataclasses.replace(call, query=call.query[row : row + 1], key=key, value=value, mask=None)
+        outputs.append(_forward(state, alone)[0])
+    return torch.cat(outputs), None
 
 
 def single_query_attention(
@@ -150,7 +169,9 @@ def _prefill(state: StepState, call: Call) -> tuple[Tensor, Tensor | None]:
     return output, None
 
 
-def _forward(state: StepState, call: Call) -> tuple[Tensor, Tensor | None]:
+def _forward(state: StepState | BatchState, call: Call) -> tuple[Tensor, Tensor | None]:
+    if isinstance(state, BatchState):
+        return _batched(state, call)
     if call.query.shape[0] != 1:
         return call.sdpa()
     if call.query.shape[2] > 1:

@@ -140,6 +140,42 @@ class SlotLayer(DynamicLayer):
         return _bytes(self._keys, self._values)
 
 
+class BatchLayer(DynamicLayer):
+    """Layer l of several sequences decoding together: row i of a step's keys and values joins sequence
+    i's own layer, which keeps its own length, slots and ragged heads.
+
+    ``update`` returns the step's new rows only: the engine's attention reads each sequence's entries
+    from its own cache (``entries``), so sequences of different lengths need no padding.
+    """
+
+    def __init__(self, members: list[DynamicLayer]) -> None:
+        super().__init__()
+        self.members = members
+        self.is_initialized = True
+
+    def update(
+        self, key_states: Tensor, value_states: Tensor, *args: object, **kwargs: object
+    ) -> tuple[Tensor, Tensor]:
+        for row, member in enumerate(self.members):
+            member.update(key_states[row : row + 1], value_states[row : row + 1])
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return max(member.get_seq_length() for member in self.members)
+
+
+def batch_cache(model: PreTrainedModel, caches: Sequence[DynamicCache]) -> DynamicCache:
+    """One cache for a forward of several sequences, each writing into and reading from its own ``caches[i]``."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [BatchLayer([member.layers[layer] for member in caches]) for layer in range(len(cache.layers))]
+    return cache
+
+
+def entries(cache: DynamicCache, layer: int) -> tuple[Tensor, Tensor]:
+    """Layer ``layer``'s keys and values as its ``update`` returns them (a ragged layer's packed)."""
+    return cache.layers[layer].keys, cache.layers[layer].values
+
+
 def _bytes(keys: Tensor, values: Tensor) -> int:
     return keys.numel() * keys.element_size() + values.numel() * values.element_size()
 

@@ -15,7 +15,8 @@ generation arguments (the task's, or ``--gen_kwargs``); ``--device`` places the 
 ``model.device`` is given, and a CUDA device without CUDA falls back as lm-eval's hf model does.
 
 Requests are tokenised by lm-eval's ``hf`` model code (``tasks.lm_eval.requests``) and served by
-the engine under the method, one sequence at a time (``--batch_size`` 1 or auto): a generation
+the engine under the method, ``--batch_size`` sequences decoding together (``auto``: 1; each
+sequence keeps its own keep sets, ``Engine.generate_batch``): a generation
 decodes with the method evicting at every step; a log-likelihood prefills the context and
 teacher-forces the continuation while the method evicts, its budget ``B = floor((1 - rho) *
 context)`` or ``budget_tokens``, as the ``ppl`` task does (a rolling window's context is one
@@ -45,7 +46,7 @@ from harness.config import compose_config
 from harness.engine import Engine
 from harness.errors import cli, user_errors
 from harness.models import ModelSpec, load_config, load_model, load_tokenizer
-from harness.run import check_call, check_top_level, generate_call, stop_token_ids
+from harness.run import call_request, check_call, check_top_level, stop_token_ids
 from methods.base import EvictionMethod
 from tasks.base import Call, CallResult
 from tasks.lm_eval.requests import LmEvalRequests, ranked_documents
@@ -74,6 +75,17 @@ def overrides(model_args: dict[str, Any], device: str | None = None) -> list[str
     return out
 
 
+def batch_sequences(batch_size: int | str) -> int:
+    """lm-eval's ``--batch_size`` as the engine's: a positive integer, or auto (1: a memory search would
+    have to run each method's budget at its longest prompt)."""
+    text = str(batch_size)
+    if text == "auto" or text.startswith("auto:"):
+        return 1
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--batch_size {batch_size!r} is not a positive integer — use e.g. --batch_size 8")
+    return int(text)
+
+
 def compose(model_args: dict[str, Any], device: str | None = None) -> DictConfig:
     """The harness config ``--model_args`` describe, checked as ``harness.run`` checks it."""
     with user_errors():
@@ -87,7 +99,7 @@ class EvictbenchLM(LmEvalRequests):
     """An lm-eval model that runs the evictbench engine under an eviction method.
 
     Parameters:
-        batch_size: lm-eval's ``--batch_size``: 1 or auto (the engine serves one sequence at a time).
+        batch_size: lm-eval's ``--batch_size``: sequences the engine decodes together (auto: 1).
         max_batch_size: ignored (lm-eval's bound for auto batch sizes).
         device: lm-eval's ``--device`` (see the module docstring).
         **model_args: ``harness.run`` overrides (``model=``, ``method=``, ``rho=``, ...).
@@ -97,12 +109,8 @@ class EvictbenchLM(LmEvalRequests):
         self, batch_size: int | str = 1, max_batch_size: int | None = None, device: str | None = None, **model_args: Any
     ) -> None:
         with user_errors():
-            if str(batch_size) not in ("1", "auto") and not str(batch_size).startswith("auto:"):
-                raise ValueError(
-                    f"--batch_size {batch_size}: the engine decodes one sequence at a time (every sequence has its"
-                    " own keep sets) — use --batch_size 1"
-                )
             self.cfg = compose(model_args, device)
+            self.decode_batch = batch_sequences(batch_size)
             spec = ModelSpec.from_config(self.cfg.model)
             self.method: EvictionMethod = instantiate(self.cfg.method)
             tokenizer = load_tokenizer(spec)
@@ -145,22 +153,23 @@ class EvictbenchLM(LmEvalRequests):
                     check_call(self.model_config, self.method, call, f"{request.task_name} document {request.doc_id}")
                 planned.append(calls)
         progress = tqdm(total=len(requests), desc=f"Running {kind} requests", disable=disable_tqdm)
-        responses = []
-        for request, calls in zip(requests, planned, strict=True):
-            responses.append(self.response(request, self._serve(calls)))
-            progress.update(1)
+        flat = (
+            ((number, index), call_request(call, self.tokenizer, self.stops, self.cfg.seed, ""))
+            for number, calls in enumerate(planned)
+            for index, call in enumerate(calls)
+        )
+        done: dict[int, dict[int, CallResult]] = {}
+        responses: list[Any] = [None] * len(requests)
+        for (number, index), generation in self.engine.generate_batch(flat, self.decode_batch):
+            forced = planned[number][index].forced_ids is not None
+            text = "" if forced else self.tokenizer.decode(generation.tokens, skip_special_tokens=True)
+            done.setdefault(number, {})[index] = CallResult(text, generation.target_logprobs, generation.target_greedy)
+            if len(done[number]) == len(planned[number]):
+                got = done.pop(number)
+                responses[number] = self.response(requests[number], [got[i] for i in range(len(got))])
+                progress.update(1)
         progress.close()
         return responses
-
-    def _serve(self, calls: list[Call]) -> list[CallResult]:
-        """The results of ``calls``, one sequence at a time: where a batched engine would take them together."""
-        results = []
-        for call in calls:
-            generation = generate_call(self.engine, call, self.tokenizer, self.stops, self.cfg.seed, "")
-            forced = call.forced_ids is not None
-            text = "" if forced else self.tokenizer.decode(generation.tokens, skip_special_tokens=True)
-            results.append(CallResult(text, generation.target_logprobs, generation.target_greedy))
-        return results
 
 
 def main() -> None:

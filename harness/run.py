@@ -13,7 +13,7 @@ import logging
 import shutil
 import sys
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from harness import kv_cache, provenance
 from harness.config import SCALES, model_spec
 from harness.diagnostics import FILENAME as DIAGNOSTICS_FILE
 from harness.diagnostics import RetentionRecorder
-from harness.engine import Engine, check_sequence
+from harness.engine import Engine, Request, check_sequence
 from harness.errors import UserError, cli, user_errors
 from harness.models import ModelSpec, file_sha256, load_config, load_model, load_tokenizer, resolve_device
 from harness.models import writable_folder as _writable
@@ -53,7 +53,7 @@ ANSWER_PASS_FIELDS = ("prefill_len", "new_tokens", "prefill_s", "decode_s")
 
 
 def check_top_level(cfg: DictConfig) -> None:
-    """Refuse a malformed top-level option: rho, scale, seed, threads, diagnostics, sampling."""
+    """Refuse a malformed top-level option: rho, scale, seed, threads, batch_size, diagnostics, sampling."""
     check_rho(cfg.rho)
     if cfg.scale not in SCALES:
         raise ValueError(f"scale={cfg.scale!r} is not a scale — use scale=cluster or scale=cpu")
@@ -65,6 +65,13 @@ def check_top_level(cfg: DictConfig) -> None:
         raise ValueError(f"threads={cfg.threads!r} is not a positive integer — use e.g. threads=1, or threads=null")
     if not isinstance(cfg.diagnostics, bool):
         raise ValueError(f"diagnostics={cfg.diagnostics!r} is not true or false — use diagnostics=true")
+    if isinstance(cfg.batch_size, bool) or not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
+        raise ValueError(f"batch_size={cfg.batch_size!r} is not a positive integer — use e.g. batch_size=8")
+    if cfg.diagnostics and cfg.batch_size > 1:
+        raise ValueError(
+            f"diagnostics=true traces one sequence at a time and batch_size={cfg.batch_size} decodes several"
+            " — use batch_size=1 with diagnostics"
+        )
     Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True))
 
 
@@ -171,22 +178,17 @@ def check_call(config: PretrainedConfig, method: EvictionMethod, call: Call, wha
         )
 
 
-def generate_call(engine: Engine, call: Call, tokenizer: Any, stops: set[int], seed: int, example_id: str) -> Any:
-    """Serve one ``Call`` on ``engine``, under the call's own sampling when it has one."""
-    sampling = engine.sampling
-    if call.sampling is not None:
-        engine.sampling = Sampling(**call.sampling)
-    try:
-        return engine.generate(
-            call.input_ids,
-            call.max_new_tokens,
-            stop_token_ids=stops,
-            stop=stop_on_strings(tokenizer, call.stop_strings),
-            seed=example_seed(seed, call.seed_key or example_id),
-            forced=call.forced_ids,
-        )
-    finally:
-        engine.sampling = sampling
+def call_request(call: Call, tokenizer: Any, stops: set[int], seed: int, example_id: str) -> Request:
+    """The engine request that serves one ``Call``, under the call's own sampling when it has one."""
+    return Request(
+        call.input_ids,
+        call.max_new_tokens,
+        stop_token_ids=stops,
+        stop=stop_on_strings(tokenizer, call.stop_strings),
+        seed=example_seed(seed, call.seed_key or example_id),
+        forced=call.forced_ids,
+        sampling=None if call.sampling is None else Sampling(**call.sampling),
+    )
 
 
 # Summed over the calls of a ``CALLS`` example; every other record figure is its largest call's.
@@ -303,12 +305,16 @@ def _check_calls(cfg: DictConfig, example: Example, what: str) -> None:
         )
 
 
-def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callable[[Example], dict], Any]:
-    """Load the model; return the per-example runner and the model.
+def model_runner(
+    plan: Plan, diagnostics: CompanionFile | None
+) -> tuple[Callable[[list[Example]], Iterator[list[tuple[Example, dict]]]], Any]:
+    """Load the model; return the runner of a list of examples (it yields each example's outcome) and the model.
 
-    With ``diagnostics`` every example's per-step retained sets and scores go to that file just
-    before its record (decode then computes attention weights at every step, so its timings
-    are not comparable with a plain run: such runs have their own run id).
+    With ``batch_size`` > 1 the examples' sequences decode together (``Engine.generate_batch``) and
+    outcomes come as examples finish, not in order. With ``diagnostics`` every example's per-step
+    retained sets and scores go to that file just before its record (decode then computes attention
+    weights at every step, so its timings are not comparable with a plain run: such runs have their
+    own run id).
     """
     cfg, task, tokenizer = plan.cfg, plan.task, plan.tokenizer
     model = load_model(plan.spec)
@@ -320,8 +326,8 @@ def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callabl
     answers = task.protocol is TaskProtocol.GENERATE_THEN_ANSWER
     answer_engine = Engine(model, FullCache(), sampling)
 
-    def generate(on: Engine, example: Example) -> Any:
-        return on.generate(
+    def request(example: Example) -> Request:
+        return Request(
             example.input_ids,
             example.max_new_tokens,
             stop_token_ids=stops | set(example.stop_token_ids),
@@ -331,12 +337,12 @@ def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callabl
             min_new_tokens=example.min_new_tokens,
         )
 
-    def run_calls(example: Example) -> dict[str, Any]:
-        generations = [
-            generate_call(engine, call, tokenizer, stops, cfg.seed, example.example_id) for call in example.calls
-        ]
-        if recorder is not None:
-            diagnostics.append(recorder.finish(example.example_id, example.subtask))
+    def requests(example: Example) -> list[Request]:
+        if task.protocol is TaskProtocol.CALLS:
+            return [call_request(call, tokenizer, stops, cfg.seed, example.example_id) for call in example.calls]
+        return [request(example)]
+
+    def finish_calls(example: Example, generations: list[Any]) -> dict[str, Any]:
         results = [
             CallResult(
                 text=tokenizer.decode(generation.tokens, skip_special_tokens=True) if call.forced_ids is None else "",
@@ -348,12 +354,12 @@ def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callabl
         scored = task.score_calls(results, example)
         return {"prediction": scored.prediction, "metrics": scored.metrics, **calls_outcome(generations), **scored.meta}
 
-    def run_one(example: Example) -> dict[str, Any]:
-        if task.protocol is TaskProtocol.CALLS:
-            return run_calls(example)
-        generation = generate(engine, example)
+    def finish(example: Example, generations: list[Any]) -> dict[str, Any]:
         if recorder is not None:
             diagnostics.append(recorder.finish(example.example_id, example.subtask))
+        if task.protocol is TaskProtocol.CALLS:
+            return finish_calls(example, generations)
+        generation = generations[0]
         prediction = tokenizer.decode(generation.tokens, skip_special_tokens=True)
         outcome = {name: getattr(generation, name) for name in NUMERIC_FIELDS if hasattr(generation, name)}
         outcome["max_cache_len"] = generation.max_cache_len
@@ -367,14 +373,26 @@ def model_runner(plan: Plan, diagnostics: CompanionFile | None) -> tuple[Callabl
         else:
             follow_up = task.follow_up(tokenizer, example, prediction) if answers else None
             if follow_up is not None:
-                answer = generate(answer_engine, follow_up)
+                answer = answer_engine.serve(request(follow_up))
                 outcome["first_prediction"] = prediction
                 outcome["answer_pass"] = {name: getattr(answer, name) for name in ANSWER_PASS_FIELDS}
                 prediction, example = tokenizer.decode(answer.tokens, skip_special_tokens=True), follow_up
             metrics = task.score(prediction, example)
         return {"prediction": prediction, "metrics": metrics, **outcome}
 
-    return run_one, model
+    def run_all(todo: list[Example]) -> Iterator[list[tuple[Example, dict]]]:
+        planned = [requests(example) for example in todo]
+        flat = (((number, index), call) for number, calls in enumerate(planned) for index, call in enumerate(calls))
+        done: dict[int, dict[int, Any]] = {}
+        for (number, index), generation in engine.generate_batch(flat, cfg.batch_size):
+            done.setdefault(number, {})[index] = generation
+            if len(done[number]) == len(planned[number]):
+                got = done.pop(number)
+                example = todo[number]
+                outcome = finish(example, [got[i] for i in range(len(got))])
+                yield [(example, {**outcome, "batch_size": cfg.batch_size})]
+
+    return run_all, model
 
 
 def _check_recorded(records: RecordFile, identity: Identity) -> None:
@@ -427,11 +445,11 @@ def _run(plan: Plan) -> dict[str, Any]:
         if todo:
             session = {"run_id": str(run), "identity": plan.identity.fields()}
             if plan.spec is not None:
-                run_one, model = model_runner(plan, diagnostics)
+                run_all, model = model_runner(plan, diagnostics)
                 session |= provenance.collect(model.device)
                 # A hub model without a pinned revision: the commit its files came from.
                 session["model_commit"] = getattr(model.config, "_commit_hash", None)
-                batches = ([(example, run_one(example))] for example in todo)
+                batches = run_all(todo)
             else:
                 session |= provenance.collect(torch.device("cpu"))
                 batches = task.run_batches(MethodPolicy(plan.method), todo)

@@ -206,7 +206,8 @@ def test_user_mistakes_are_one_line(tok: Any) -> None:
     refused(lambda: LmEvalTask(tasks=["toy_gen"], revisions={"other": "abc"}), "task.revisions")
     refused(lambda: LmEvalTask(include_path="/no/such/folder"), "task.include_path", FileNotFoundError)
     refused(lambda: overrides({"budget": 8}), "--model_args budget=8")
-    refused(lambda: EvictbenchLM(batch_size=4, model="tiny_llama"), "--batch_size 4", UserError)
+    refused(lambda: EvictbenchLM(batch_size="four", model="tiny_llama"), "--batch_size 'four'", UserError)
+    refused(lambda: EvictbenchLM(batch_size=0, model="tiny_llama"), "--batch_size 0", UserError)
     assert overrides({"model": "tiny_llama", "rho": 0.5, "method.selection.budget_tokens": 8}, "cpu") == [
         "model=tiny_llama",
         "rho=0.5",
@@ -245,3 +246,18 @@ def test_gpqa_diamond_from_the_hub_schema_fixture(tok: Any) -> None:
     assert scored.metrics == {"exact_match,strict-match": 0.0, "exact_match,flexible-extract": 0.0}
     unpinned = compose_config("model=tiny_llama", "task=gpqa_diamond")
     assert_one_line(refused(lambda: instantiate(unpinned.task).examples(tok), "task.revisions.gpqa_diamond"))
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "rho"),
+    [("toy_gen", "generate_until", 0.5), ("toy_cloze", "loglikelihood", 0.5), ("toy_choice", "loglikelihood", 0)],
+)
+def test_batched_requests_answer_as_one_at_a_time(tok: Any, name: str, kind: str, rho: float) -> None:
+    task, _ = documents(tok, name)
+    answers = [
+        getattr(EvictbenchLM(model="tiny_llama", method="inertia", rho=rho, threads=1, batch_size=size), kind)(
+            requests_of(task), True
+        )
+        for size in (1, 3)
+    ]
+    assert answers[0] == answers[1] and len(answers[0]) == len(requests_of(task))

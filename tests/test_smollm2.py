@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import NAMED_METHODS, named_method
 
 from harness.config import compose_config
-from harness.engine import Engine
+from harness.engine import Engine, Request
 from harness.run import execute
+from tasks.ruler.task import RulerTask
 
 
 def chat_prompt(tokenizer) -> list[int]:
@@ -49,3 +51,37 @@ def test_harness_run_on_smollm2_retrieves_the_needle(tmp_path):
 def test_other_methods_run_on_smollm2(tmp_path, method):
     summary = execute(compose_config("task.lengths=[1024]", "task.n=2", f"results_dir={tmp_path}", f"method={method}"))
     assert summary["n"] == 2
+
+
+SMOLLM2_BATCHED = ["full", "inertia", "h2o", "adakv_ea", "kvzip"]
+# Trained methods (kvpop*, dms, bilinear, streaming_llm_plus) need a checkpoint of SmolLM2's geometry;
+# tests/test_batching.py runs every method, those included, on the tiny models.
+UNTRAINED = sorted(
+    path.stem
+    for path in (Path(__file__).parents[1] / "conf" / "method").glob("*.yaml")
+    if not path.stem.startswith(("kvpop", "dms", "bilinear", "streaming_llm_plus"))
+)
+
+
+def batched_matches_alone(smollm2, name: str) -> None:
+    model, tokenizer = smollm2
+    examples = RulerTask(tasks=["niah_single_1", "niah_multikey_1"], lengths=[512], n=2).examples(tokenizer)
+    requests = [Request(example.input_ids, 16, stop_token_ids={2}) for example in examples]
+    method = named_method(name, "rho=0.9", *(["method.selection.budget_tokens=48"] * (name == "fixed_budget")))
+    engine = Engine(model, method, tokenizer=tokenizer)
+    alone = [engine.serve(request) for request in requests]
+    batched = dict(engine.generate_batch(enumerate(requests), 3))
+    for index, generation in enumerate(alone):
+        assert generation.tokens == batched[index].tokens, f"{name}: sequence {index}"
+        assert generation.kv_bytes_final == batched[index].kv_bytes_final, f"{name}: sequence {index}"
+
+
+@pytest.mark.parametrize("name", SMOLLM2_BATCHED)
+def test_batched_decoding_gives_batch_ones_tokens_on_smollm2(smollm2, name):
+    batched_matches_alone(smollm2, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [name for name in UNTRAINED if name not in SMOLLM2_BATCHED])
+def test_batched_decoding_of_every_other_method_on_smollm2(smollm2, name):
+    batched_matches_alone(smollm2, name)
