@@ -10,12 +10,23 @@ approach. Figures are printed, not asserted: run it on a quiet machine.
 With ``--batch-sizes 1 8`` it then decodes N = the largest size of such prompts (RULER's first N
 niah_single_1 examples at L0) at each batch size and prints the decode throughput: tokens of all
 sequences per second of decode wall time (prefills excluded), and its ratio to batch 1.
+
+With ``--kvpress <python of an environment with kvpress>`` (kvpress pins its own transformers:
+``scripts/kvpress_decode.py`` says how to make one) it also runs kvpress's decode-time press,
+``DecodingPress(KnormPress)`` compressing to B every step and every 16 steps, on the same prompt,
+and prints its decode speed beside transformers' full cache in that environment and beside ours
+for ``full`` and the key-norm score at every step (``single_step:method/scorer=keynorm`` with per
+KV head selection, as kvpress selects). A method may carry overrides after a colon:
+``--methods single_step:method/scorer=keynorm,method.selection.granularity=head``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -25,6 +36,7 @@ from harness.config import compose_config, model_spec
 from harness.engine import Engine, Request
 from harness.errors import cli
 from harness.models import load_model, load_tokenizer
+from methods.base import EvictionMethod
 from methods.full import FullCache
 from methods.selection import exact_floor
 from tasks.ruler.task import RulerTask
@@ -67,6 +79,16 @@ def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: fl
     )
 
 
+KVPRESS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kvpress_decode.py"
+KEYNORM_DECODE = "single_step:method/scorer=keynorm,method.selection.granularity=head"
+
+
+def bench_method(spec: str, rho: float) -> EvictionMethod:
+    """The method ``spec`` names: a preset, optionally followed by ``:override,override``."""
+    name, _, extra = spec.partition(":")
+    return instantiate(compose_config(f"method={name}", f"rho={rho}", *filter(None, extra.split(","))).method)
+
+
 def run(
     model_name: str, lengths: list[int], rhos: list[float], methods: list[str], new_tokens: int, repeats: int = 1
 ) -> pd.DataFrame:
@@ -81,8 +103,7 @@ def run(
         for rho in rhos:
             for _ in range(repeats):
                 for name in methods:
-                    method = instantiate(compose_config(f"method={name}", f"rho={rho}").method)
-                    rows.append(measure(Engine(model, method), ids, new_tokens, name, rho, length))
+                    rows.append(measure(Engine(model, bench_method(name, rho)), ids, new_tokens, name, rho, length))
                     print(rows[-1], flush=True)
                 budget = exact_floor((1 - rho) * len(ids))
                 rows.append(measure(Engine(model, FullCache()), ids[-budget:], new_tokens, "full@B", rho, length))
@@ -120,8 +141,7 @@ def batch_run(
         requests = [Request(example.input_ids, new_tokens) for example in examples]
         for rho in rhos:
             for name in methods:
-                method = instantiate(compose_config(f"method={name}", f"rho={rho}").method)
-                engine = Engine(model, method)
+                engine = Engine(model, bench_method(name, rho))
                 for size in sizes:
                     done = [generation for _, generation in engine.generate_batch(enumerate(requests), size)]
                     steps = sum(generation.new_tokens - 1 for generation in done)
@@ -138,6 +158,40 @@ def batch_run(
     return table
 
 
+def kvpress_run(python: str, model_name: str, lengths: list[int], rhos: list[float], new_tokens: int) -> pd.DataFrame:
+    """kvpress's decode-time press in its own environment (``python``) beside ours, on the same prompts."""
+    spec = model_spec(model_name)
+    tokenizer = load_tokenizer(spec)
+    model = load_model(spec)
+    rows = []
+    for length in lengths:
+        ids = RulerTask(tasks=["niah_single_1"], lengths=[length], n=1).examples(tokenizer)[0].input_ids
+        for rho in rhos:
+            budget = exact_floor((1 - rho) * len(ids))
+            for name, label in (("full", "full"), (KEYNORM_DECODE, "keynorm per head, every step")):
+                row = measure(Engine(model, bench_method(name, rho)), ids, new_tokens, name, rho, length)
+                rows.append({"length": length, "rho": rho, "budget": row.budget, "method": f"evictbench {label}",
+                             "decode_tok_s": row.decode_tok_s, "cache_len_final": None})  # fmt: skip
+                print(rows[-1], flush=True)
+            request = {"model": tokenizer.name_or_path, "ids": ids, "budget": budget, "new_tokens": new_tokens,
+                       "threads": torch.get_num_threads(), "intervals": [1, 16]}  # fmt: skip
+            done = subprocess.run(
+                [python, str(KVPRESS_SCRIPT)], input=json.dumps(request), capture_output=True, text=True, check=True
+            )
+            for line in done.stdout.splitlines():
+                theirs = json.loads(line)
+                fields = {key: theirs[key] for key in ("method", "decode_tok_s", "cache_len_final")}
+                rows.append({"length": length, "rho": rho, "budget": budget, **fields})
+                print(rows[-1], flush=True)
+    table = pd.DataFrame(rows)
+    for reference in ("evictbench full", "kvpress full"):
+        speed = table[table.method == reference].set_index(["length", "rho"]).decode_tok_s
+        table[f"x_{reference.replace(' ', '_')}"] = [
+            s / speed[k] for s, k in zip(table.decode_tok_s, zip(table.length, table.rho, strict=True), strict=True)
+        ]
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2_135m")
@@ -150,7 +204,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all methods; medians are printed")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="also decode throughput at these")
-    parser.add_argument("--skip-single", action="store_true", help="only the batch table")
+    parser.add_argument("--skip-single", action="store_true", help="only the batch or kvpress table")
+    parser.add_argument("--kvpress", default=None, help="python of an environment with kvpress: compare with it")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -163,6 +218,10 @@ def main() -> None:
     if args.batch_sizes:
         table = batch_run(args.model, args.lengths, args.rhos, args.methods, args.new_tokens, args.batch_sizes)
         print(f"{header} batch sizes={args.batch_sizes}")
+        print(table.round(3).to_string(index=False))
+    if args.kvpress:
+        table = kvpress_run(args.kvpress, args.model, args.lengths, args.rhos, args.new_tokens)
+        print(f"{header} against kvpress ({args.kvpress})")
         print(table.round(3).to_string(index=False))
 
 

@@ -48,4 +48,6 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "score_share": sum(r["score_s"] for r in records) / decode_s if decode_s > 0 else None,
         "prefill_s": sum(r["prefill_s"] for r in records),
         "decode_s": decode_s,
+        # Timings of sequences decoded together are the batch's (records before batching had none: 1).
+        "batch_sizes": sorted({r.get("meta", {}).get("batch_size", 1) for r in records}),
     }

@@ -168,6 +168,7 @@ def test_a_batched_run_writes_batch_ones_records_and_resumes_it(tmp_path):
     summary = execute(run_config(together, "batch_size=4"))
     got = records(partial)
     assert summary["n"] == 10 and len(got) == 10 and len({r["example_id"] for r in got}) == 10
+    assert summary["batch_sizes"] == [1, 4]
     assert prepare(run_config(together, "batch_size=4")).folder == partial
 
     def comparable(record: dict) -> dict:
