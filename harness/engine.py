@@ -313,6 +313,19 @@ class Engine:
                 free.append(sequence.method)
                 yield key, sequence.generation()
 
+    def generate_groups(self, groups: list[list[Request]], batch_size: int) -> Iterator[tuple[int, list[Generation]]]:
+        """``generate_batch`` over groups of requests (an example's calls): yields ``(group index, its
+        generations in order)`` as each group's last sequence ends."""
+        flat = (
+            ((number, index), request) for number, group in enumerate(groups) for index, request in enumerate(group)
+        )
+        done: dict[int, dict[int, Generation]] = {}
+        for (number, index), generation in self.generate_batch(flat, batch_size):
+            done.setdefault(number, {})[index] = generation
+            if len(done[number]) == len(groups[number]):
+                got = done.pop(number)
+                yield number, [got[i] for i in range(len(got))]
+
     def _forward_batch(self, steps: list[tuple[int, int]], caches: list[object]) -> Tensor:
         """One decode step of several sequences: ``steps[i]`` is sequence i's (token, position)."""
         input_ids = torch.tensor([[token] for token, _ in steps], device=self.device)

@@ -153,21 +153,21 @@ class EvictbenchLM(LmEvalRequests):
                     check_call(self.model_config, self.method, call, f"{request.task_name} document {request.doc_id}")
                 planned.append(calls)
         progress = tqdm(total=len(requests), desc=f"Running {kind} requests", disable=disable_tqdm)
-        flat = (
-            ((number, index), call_request(call, self.tokenizer, self.stops, self.cfg.seed, ""))
-            for number, calls in enumerate(planned)
-            for index, call in enumerate(calls)
-        )
-        done: dict[int, dict[int, CallResult]] = {}
+        groups = [
+            [call_request(call, self.tokenizer, self.stops, self.cfg.seed, "") for call in calls] for calls in planned
+        ]
         responses: list[Any] = [None] * len(requests)
-        for (number, index), generation in self.engine.generate_batch(flat, self.decode_batch):
-            forced = planned[number][index].forced_ids is not None
-            text = "" if forced else self.tokenizer.decode(generation.tokens, skip_special_tokens=True)
-            done.setdefault(number, {})[index] = CallResult(text, generation.target_logprobs, generation.target_greedy)
-            if len(done[number]) == len(planned[number]):
-                got = done.pop(number)
-                responses[number] = self.response(requests[number], [got[i] for i in range(len(got))])
-                progress.update(1)
+        for number, generations in self.engine.generate_groups(groups, self.decode_batch):
+            results = [
+                CallResult(
+                    "" if call.forced_ids is not None else self.tokenizer.decode(g.tokens, skip_special_tokens=True),
+                    g.target_logprobs,
+                    g.target_greedy,
+                )
+                for call, g in zip(planned[number], generations, strict=True)
+            ]
+            responses[number] = self.response(requests[number], results)
+            progress.update(1)
         progress.close()
         return responses
 

@@ -381,16 +381,9 @@ def model_runner(
         return {"prediction": prediction, "metrics": metrics, **outcome}
 
     def run_all(todo: list[Example]) -> Iterator[list[tuple[Example, dict]]]:
-        planned = [requests(example) for example in todo]
-        flat = (((number, index), call) for number, calls in enumerate(planned) for index, call in enumerate(calls))
-        done: dict[int, dict[int, Any]] = {}
-        for (number, index), generation in engine.generate_batch(flat, cfg.batch_size):
-            done.setdefault(number, {})[index] = generation
-            if len(done[number]) == len(planned[number]):
-                got = done.pop(number)
-                example = todo[number]
-                outcome = finish(example, [got[i] for i in range(len(got))])
-                yield [(example, {**outcome, "batch_size": cfg.batch_size})]
+        for number, generations in engine.generate_groups([requests(e) for e in todo], cfg.batch_size):
+            example = todo[number]
+            yield [(example, {**finish(example, generations), "batch_size": cfg.batch_size})]
 
     return run_all, model
 
