@@ -7,16 +7,28 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 
-from harness.analysis.results import BASE_COLUMNS, IDENTITY, load_configs, load_results, parse_run_id
+from harness.analysis.results import (
+    BASE_COLUMNS,
+    IDENTITY,
+    MixedTimingsError,
+    load_configs,
+    load_results,
+    one_batch_size,
+    parse_run_id,
+)
+from harness.errors import UserError
 from harness.records import CorruptRecordsError, DuplicateRecordError
 
 FULL = "tiny__full-aaaa1111__ruler-bbbb2222__rho0.9__seed0"
 INERTIA = "tiny__inertia-cccc3333__ruler-bbbb2222__rho0.9__seed0"
 
 
-def record(run_id: str, example_id: str, score: float, subtask: str = "niah_single_1") -> dict[str, Any]:
+def record(
+    run_id: str, example_id: str, score: float, subtask: str = "niah_single_1", meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
     parts = parse_run_id(run_id)
     return {
         "run_id": run_id,
@@ -41,7 +53,7 @@ def record(run_id: str, example_id: str, score: float, subtask: str = "niah_sing
         "decode_tokens_per_s": None,
         "score_s": 0.01,
         "evict_s": 0.02,
-        "meta": {"length": 2048, "needles": ["a", "b"]},
+        "meta": {"length": 2048, "needles": ["a", "b"]} if meta is None else meta,
     }
 
 
@@ -150,3 +162,40 @@ def test_run_id_parsing() -> None:
     )
     with pytest.raises(ValueError, match="not a run id"):
         parse_run_id("no-run-id-here")
+
+
+def test_timings_of_one_batch_size_pass_and_a_mix_is_refused_naming_the_runs(tmp_path: Path) -> None:
+    # Records from before batching carry no batch size: they were decoded alone, like batch 1.
+    write_run(tmp_path, FULL, [record(FULL, "e0", 1.0, meta={"length": 2048}), record(FULL, "e1", 1.0)])
+    write_run(tmp_path, INERTIA, [record(INERTIA, "e0", 1.0, meta={"length": 2048, "batch_size": 1})])
+    frame = load_results(tmp_path)
+    assert one_batch_size(frame, "the figure") is frame
+    assert one_batch_size(frame.drop(columns="meta.batch_size"), "the figure").equals(
+        frame.drop(columns="meta.batch_size")
+    )
+
+    (tmp_path / INERTIA / "records.jsonl").unlink()
+    write_run(tmp_path / "b8", INERTIA, [record(INERTIA, "e0", 1.0, meta={"length": 2048, "batch_size": 8})])
+    mixed = pd.concat([load_results(tmp_path), load_results(tmp_path / "b8")], ignore_index=True)
+    with pytest.raises(MixedTimingsError) as caught:
+        one_batch_size(mixed, "the figure")
+    message = str(caught.value)
+    assert message.startswith("the figure would mix timings decoded at batch sizes [1, 8]: runs ")
+    assert f"{FULL} (1)" in message and f"{INERTIA} (8)" in message
+    assert "rerun them at one batch_size into a fresh results_dir" in message
+
+
+def test_make_tables_refuses_a_cost_table_that_mixes_batch_sizes(tmp_path: Path) -> None:
+    from harness.analysis.__main__ import main
+
+    # Figure 6's RULER length: the cost table compares prefill_s and decode tok/s across rows.
+    write_run(tmp_path, FULL, [record(FULL, "e0", 1.0, meta={"length": 2048, "batch_size": 1})])
+    write_run(tmp_path, INERTIA, [record(INERTIA, "e0", 1.0, meta={"length": 2048, "batch_size": 4})])
+    with pytest.raises(UserError, match=r"column would mix timings decoded at batch sizes \[1, 4\]"):
+        main([str(tmp_path)])
+
+    (tmp_path / INERTIA / "records.jsonl").write_text(
+        json.dumps(record(INERTIA, "e0", 1.0, meta={"length": 2048, "batch_size": 1})) + "\n"
+    )
+    main([str(tmp_path)])
+    assert "inertia_costs" in (tmp_path / "tables" / "index.md").read_text()

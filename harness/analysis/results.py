@@ -157,6 +157,31 @@ def load_results(root: Path | str = "results") -> pd.DataFrame:
     return frame.reset_index(drop=True)
 
 
+class MixedTimingsError(ValueError):
+    """Timings measured at different batch sizes would be averaged or compared."""
+
+
+def one_batch_size(rows: pd.DataFrame, what: str) -> pd.DataFrame:
+    """``rows`` unchanged if every one was decoded at the same batch size; raises ``MixedTimingsError`` otherwise.
+
+    ``batch_size`` is not part of the run id (it does not change an output), so one run folder
+    can hold records decoded alone and records decoded in a batch. Their timings are not
+    comparable: a batched sequence's ``decode_s`` is the wall time of steps it shared. A
+    figure or cell that averages or compares timings (``what`` names it) calls this first.
+    Records made before batching existed carry no batch size and were decoded alone.
+    """
+    sizes = rows["meta.batch_size"].fillna(1) if "meta.batch_size" in rows else pd.Series(1, index=rows.index)
+    if sizes.nunique() <= 1:
+        return rows
+    runs = sorted(f"{run} ({', '.join(str(int(b)) for b in sorted(part.unique()))})"
+                  for run, part in sizes.groupby(rows["run_id"]))  # fmt: skip
+    raise MixedTimingsError(
+        f"{what} would mix timings decoded at batch sizes {sorted(int(b) for b in sizes.unique())}: runs"
+        f" {'; '.join(runs)} — rerun them at one batch_size into a fresh results_dir (timings of"
+        " different batch sizes are not comparable)"
+    )
+
+
 def load_configs(root: Path | str = "results") -> dict[str, dict[str, Any]]:
     """The resolved config (``config.yaml``) of every run under ``root``, keyed by run id.
 

@@ -33,6 +33,7 @@ from harness.analysis.papers.inertiakv import (  # noqa: E402
     diag,
     preset_lengths,
 )
+from harness.analysis.results import one_batch_size  # noqa: E402
 from harness.analysis.spec import benchmark_mean, one_per_example, restrict  # noqa: E402
 from harness.analysis.variants import display  # noqa: E402
 
@@ -226,7 +227,7 @@ def lazy_quality(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
 def _efficiency(frame: pd.DataFrame) -> pd.DataFrame:
     lengths = preset_lengths("inertia_efficiency.yaml")
     rows = restrict(frame, {"task": "ruler", "subtask": "niah_single_1", "meta.length": lengths})
-    return rows[(rows["variant"] == "full") | (rows["rho"] == 0.9)]
+    return one_batch_size(rows[(rows["variant"] == "full") | (rows["rho"] == 0.9)], "InertiaKV Figures 3, 10 and 11")
 
 
 def decode_composition(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
@@ -340,7 +341,8 @@ def quality_vs_cost(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     where = {"task": "ruler", "meta.length": preset_lengths("inertia_fig6.yaml")}
     rows = restrict(frame, where)
     made = []
-    for model, part in rows[rows["variant"].isin({*COST_METHODS, "full"})].groupby("model"):
+    rows = one_batch_size(rows[rows["variant"].isin({*COST_METHODS, "full"})], "InertiaKV Figure 6's throughput panel")
+    for model, part in rows.groupby("model"):
         fig, (left, right) = _grid(2, 5.0, 3.8)
         drawn = False
         for name in (*COST_METHODS, "full"):

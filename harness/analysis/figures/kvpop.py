@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.analysis.figures.common import Figure, save  # noqa: E402
-from harness.analysis.results import run_folders  # noqa: E402
+from harness.analysis.results import one_batch_size, run_folders  # noqa: E402
 from harness.analysis.variants import display  # noqa: E402
 from harness.records import read_records  # noqa: E402
 
@@ -51,6 +51,7 @@ def kvpop_efficiency(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     part = frame[frame["method"].isin(EFFICIENCY) & frame["new_tokens"].notna()]
     if part.empty or part["new_tokens"].nunique() < 2:
         return []
+    one_batch_size(part, "KVpop Figure 4")
     made = []
     for model, runs in part.groupby("model"):
         fig, (latency, memory) = plt.subplots(1, 2, figsize=(9, 3.5))
