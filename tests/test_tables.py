@@ -7,6 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -17,9 +18,10 @@ from scipy import stats as scipy_stats
 from harness.analysis.papers import paper_tables, write_tables
 from harness.analysis.render import latex_escape, to_latex, to_markdown
 from harness.analysis.results import load_configs, load_results
-from harness.analysis.spec import NOT_RUN, Scope, delta, grid
+from harness.analysis.spec import NOT_RUN, Scope, delta, grid, one_per_example
 from harness.analysis.variants import annotate, flatten_method, variant
 from harness.config import CONF_DIR
+from harness.records import DuplicateRecordError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
 
@@ -131,6 +133,18 @@ def load_diagnostics_frame(root: Path = FIXTURE):
     from harness.analysis.diagnostics import load_diagnostics
 
     return annotate(load_diagnostics(root), load_configs(root))
+
+
+def test_a_cell_counts_the_full_cache_once_and_refuses_two_runs_of_another_method() -> None:
+    def rows(*runs: tuple[str, str, float]) -> pd.DataFrame:
+        keys = {"model": "tiny", "task": "ruler", "subtask": "niah_single_1", "seed": 0, "example_id": "e0"}
+        return pd.DataFrame([{**keys, "variant": v, "run_id": r, "rho": rho, "score": rho} for v, r, rho in runs])
+
+    full = one_per_example(rows(("full", "full_a", 0.9), ("full", "full_b", 0.0)))
+    assert full["run_id"].tolist() == ["full_b"] and len(full) == 1
+    # A learned scorer's two checkpoints for one model share its label: the cell cannot choose.
+    with pytest.raises(DuplicateRecordError, match="example 'e0', from runs bilinear_a, bilinear_b — move the stale"):
+        one_per_example(rows(("bilinear", "bilinear_a", 0.9), ("bilinear", "bilinear_b", 0.9)))
 
 
 def test_markdown_and_latex_are_well_formed() -> None:

@@ -9,7 +9,6 @@ what is missing) from the first run on.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,8 +18,7 @@ import pandas as pd
 
 from harness.analysis.stats import PAIR_KEY, compare, select, stratified_paired_bootstrap
 from harness.analysis.variants import display, variant
-
-log = logging.getLogger(__name__)
+from harness.records import DuplicateRecordError
 
 NOT_RUN = "not run"
 AVERAGE = "average"
@@ -185,14 +183,24 @@ def _merge(row: Line, column: Line) -> dict[str, Any]:
 
 
 def one_per_example(records: pd.DataFrame) -> pd.DataFrame:
-    """At most one record per example: the full cache run at several rho counts once."""
+    """At most one record per example: the full cache run at several rho counts once.
+
+    Any other method selected twice for one example (two runs one label cannot tell apart, such
+    as a learned scorer with two checkpoints for one model) is an error naming the runs: keeping
+    either would make the cell depend on which folder sorted first.
+    """
     if records.empty:
         return records
     duplicated = records.duplicated(list(PAIR_KEY), keep=False)
     if duplicated.any():
-        kinds = sorted(records.loc[duplicated, "variant"].unique()) if "variant" in records else []
-        if any(k != "full" for k in kinds):
-            log.warning("a cell selects several records per example (%s): keeping the lowest rho", kinds)
+        clash = records[duplicated]
+        if "variant" in clash and (clash["variant"] != "full").any():
+            runs = sorted(clash.loc[clash["variant"] != "full", "run_id"].unique())
+            example = clash.iloc[0]["example_id"]
+            raise DuplicateRecordError(
+                f"one table cell selects several records of example {example!r}, from runs {', '.join(runs)}"
+                " — move the stale run folder out of the results root"
+            )
         records = records.sort_values("rho").drop_duplicates(list(PAIR_KEY), keep="first")
     return records
 
