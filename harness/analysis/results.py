@@ -164,7 +164,7 @@ class MixedTimingsError(ValueError):
 def one_batch_size(rows: pd.DataFrame, what: str) -> pd.DataFrame:
     """``rows`` unchanged if every one was decoded at the same batch size; raises ``MixedTimingsError`` otherwise.
 
-    ``batch_size`` is not part of the run id (it does not change an output), so one run folder
+    ``batch_size`` is not part of the run id (a batched record's outputs are batch 1's), so one run folder
     can hold records decoded alone and records decoded in a batch. Their timings are not
     comparable: a batched sequence's ``decode_s`` is the wall time of steps it shared. A
     figure or cell that averages or compares timings (``what`` names it) calls this first.
