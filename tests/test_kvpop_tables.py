@@ -125,6 +125,15 @@ def test_figures_draw_from_records_and_training_histories(tmp_path) -> None:
             for i in range(2)
         ]  # fmt: skip
         (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    # Another preset's full cache, decoded at batch 8: not Fig. 4's, so it neither joins nor mixes its timings.
+    other = root / "tiny__full-aaaa0001__ruler-dddd0001__rho0__seed0"
+    other.mkdir()
+    (other / "config.yaml").write_text(yaml.safe_dump({"method": {"name": "full"}, "rho": 0.0}))
+    (other / "records.jsonl").write_text(json.dumps({
+        "run_id": other.name, "model": "tiny", "method": "full", "task": "ruler", "rho": 0.0, "seed": 0,
+        "subtask": "niah_single_1", "example_id": "niah_single_1/512/0000", "prediction": "x",
+        "metrics": {"string_match_all": 100.0}, "new_tokens": 999, "decode_s": 9.0, "meta": {"batch_size": 8},
+    }) + "\n")  # fmt: skip
     for name in ("kvpop", "kvpop_immediate"):
         trained = root / "kvpop" / "tiny" / f"{name}_B96"
         trained.mkdir(parents=True)

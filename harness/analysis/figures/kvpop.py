@@ -48,7 +48,8 @@ def kvpop_retention_maps(frame: pd.DataFrame, root: Path, out: Path) -> list[Pat
 
 def kvpop_efficiency(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     """Fig. 4: decoding latency and peak memory against the generation length, dense vs DMS vs KVpop."""
-    part = frame[frame["method"].isin(EFFICIENCY) & frame["new_tokens"].notna()]
+    # The preset's task only (kvpop_fig4.yaml): the full cache runs in every other preset too.
+    part = frame[frame["method"].isin(EFFICIENCY) & (frame["task"] == "aime") & frame["new_tokens"].notna()]
     if part.empty or part["new_tokens"].nunique() < 2:
         return []
     one_batch_size(part, "KVpop Figure 4")
