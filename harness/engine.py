@@ -42,6 +42,9 @@ class Generation:
         cache_len_final: entries cached after the last step, max over layers and heads.
         kv_entries_final: entries attention can see after the last step, mean over layers and
             KV heads (logical: a masked entry is held but not counted).
+        kv_entries_held: entries held in memory after the last step, mean over layers and KV
+            heads (physical: a masked entry counts, a ragged cache's short heads pull it down).
+            It is what a "retained tokens" figure reads: ``cache_len_final`` is the longest head.
         kv_bytes_final: bytes of the keys and values cached after the last step (physical
             entries, not masks), plus the method's state that stands in for cache (``state_bytes``).
         slot_bytes_final: bytes the cache's preallocated buffers hold after the last step, free
@@ -80,6 +83,7 @@ class Generation:
     max_cache_len: int
     state_bytes: int = 0
     slot_bytes_final: int = 0
+    kv_entries_held: float = 0.0
     target_logprobs: list[float] = field(default_factory=list)
     target_greedy: list[bool] = field(default_factory=list)
     method_report: dict[str, Any] = field(default_factory=dict)
@@ -150,6 +154,12 @@ def visible_entries(driver: Driver, cache: object) -> float:
             rows = bias if isinstance(bias, tuple) else [bias]
             seen += sum(int(torch.isfinite(row).sum()) for row in rows)
     return seen / heads
+
+
+def held_entries(cache: object) -> float:
+    """Entries held in memory now, mean over layers and KV heads (masked entries included)."""
+    lengths = [n for layer in kv_cache.head_lengths(cache) for n in layer]
+    return sum(lengths) / len(lengths)
 
 
 def check_sequence(
@@ -468,6 +478,7 @@ class _Sequence:
             budget=method.budget(),
             cache_len_final=max(kv_cache.cache_lengths(cache)),
             kv_entries_final=visible_entries(driver, cache),
+            kv_entries_held=held_entries(cache),
             kv_bytes_final=kv_cache.cache_bytes(cache) + state_bytes,
             kv_bytes_full=self.full_token_bytes * (prefill_len + self.step),
             prefill_peak_bytes=self.prefill_peak,

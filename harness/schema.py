@@ -32,12 +32,14 @@ IDENTITY_FIELDS: tuple[str, ...] = (
 
 #: Numeric per-example outcome fields (timings in seconds, sizes in entries and bytes).
 #: ``kv_entries_final`` is logical (entries attention can see, mean per layer and KV head: a
-#: masked entry does not count), ``kv_bytes_final`` physical (bytes held). The peaks are the
-#: CUDA allocator's (weights and activations included) on a GPU and the cache's key/value bytes
-#: elsewhere, of the prefill (reconstruction passes and prefill eviction included) and of decoding.
+#: masked entry does not count); ``kv_entries_held`` (entries held, the same mean) and
+#: ``kv_bytes_final`` (bytes held) are physical; ``cache_len_final`` is the longest head's
+#: length. The peaks are the CUDA allocator's (weights and activations included) on a GPU and
+#: the cache's key/value bytes elsewhere, of the prefill (reconstruction passes and prefill
+#: eviction included) and of decoding.
 NUMERIC_FIELDS: tuple[str, ...] = (
-    "prefill_len", "budget", "cache_len_final", "kv_entries_final", "kv_bytes_final", "kv_bytes_full", "state_bytes",
-    "prefill_peak_bytes", "decode_peak_bytes",
+    "prefill_len", "budget", "cache_len_final", "kv_entries_final", "kv_entries_held", "kv_bytes_final",
+    "kv_bytes_full", "state_bytes", "prefill_peak_bytes", "decode_peak_bytes",
     "prefill_s", "decode_s", "new_tokens", "decode_tokens_per_s", "score_s", "evict_s",
 )  # fmt: skip
 

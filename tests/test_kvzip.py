@@ -199,6 +199,8 @@ def test_evict_and_mask_modes_decode_alike_and_count_memory_apart(tiny_models, t
     assert masked.kv_bytes_final == masked.kv_bytes_full == layers * heads * (PROMPT_LEN + steps) * entry
     assert mask_lengths[-1] == [[PROMPT_LEN + steps] * heads] * layers
     assert evicted.kv_entries_final == masked.kv_entries_final == budget + steps
+    # Masking hides entries from attention but holds them: retained (held) entries are the full cache's.
+    assert evicted.kv_entries_held == budget + steps and masked.kv_entries_held == PROMPT_LEN + steps
     # The prefill peak holds the prompt and the longest pass (the 40-token chunk after its instruction).
     spec = Reconstruction(40, KVzip.first, KVzip.later, KVzip.overlap)
     longest = max(len(pass_ids) for *_, pass_ids in reconstruction_passes(tokenizer, ids, spec))

@@ -191,7 +191,7 @@ def test_make_tables_refuses_a_cost_table_that_mixes_batch_sizes(tmp_path: Path)
     # Figure 6's RULER length: the cost table compares prefill_s and decode tok/s across rows.
     write_run(tmp_path, FULL, [record(FULL, "e0", 1.0, meta={"length": 2048, "batch_size": 1})])
     write_run(tmp_path, INERTIA, [record(INERTIA, "e0", 1.0, meta={"length": 2048, "batch_size": 4})])
-    with pytest.raises(UserError, match=r"column would mix timings decoded at batch sizes \[1, 4\]"):
+    with pytest.raises(UserError, match=r"table inertia_costs would mix timings decoded at batch sizes \[1, 4\]"):
         main([str(tmp_path)])
 
     (tmp_path / INERTIA / "records.jsonl").write_text(

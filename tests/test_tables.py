@@ -147,6 +147,14 @@ def test_a_cell_counts_the_full_cache_once_and_refuses_two_runs_of_another_metho
         one_per_example(rows(("bilinear", "bilinear_a", 0.9), ("bilinear", "bilinear_b", 0.9)))
 
 
+def test_cost_table_retained_tokens_are_the_entries_held_per_head_not_the_longest_head(frame) -> None:
+    # Figure 6's length; a ragged cache (AdaKV's heads) holds 20.25 entries per head on average,
+    # its longest head 50.
+    costs = frame[(frame["task"] == "ruler") & (frame["variant"] == "inertia") & (frame["rho"] == 0.9)].copy()
+    costs["meta.length"], costs["cache_len_final"], costs["kv_entries_held"] = 2048, 50, 20.25
+    assert table("inertia_costs", costs)["InertiaKV"]["retained tokens"] == "20"
+
+
 def test_markdown_and_latex_are_well_formed() -> None:
     header = ["", "a|b", "ρ=0.5"]
     body = [["x_1 & y", "50%", "not run"], ["Δ", "#", "~"]]

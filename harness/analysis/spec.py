@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from harness.analysis.results import one_batch_size
 from harness.analysis.stats import PAIR_KEY, compare, select, stratified_paired_bootstrap
 from harness.analysis.variants import display, variant
 from harness.records import DuplicateRecordError
@@ -61,6 +62,8 @@ class TableSpec:
 
     ``where`` selects the table's records; ``source`` is ``records`` or ``diagnostics``;
     ``preset`` is the ``conf/experiment`` preset whose sweep fills it (``scale=cpu``: its CPU form).
+    A table with ``timings`` compares timings across its cells, so its records must all have been
+    decoded at one batch size (``harness.analysis.results.one_batch_size``).
     """
 
     key: str
@@ -72,6 +75,7 @@ class TableSpec:
     where: Mapping[str, Any] = field(default_factory=dict)
     source: str = "records"
     note: str = ""
+    timings: bool = False
 
 
 def fixed(*lines: Line) -> Axis:
@@ -283,6 +287,8 @@ def relative_to_full(metric: str = "score", digits: int = 1) -> Cell:
 def grid(spec: TableSpec, frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     """The table as a header and rows of strings (first column: the row labels)."""
     frame = _select(frame, spec.where) if spec.where else frame
+    if spec.timings:
+        one_batch_size(frame, f"table {spec.key}")
     rows, columns = spec.rows(frame), spec.columns(frame)
     body = []
     for row in rows:

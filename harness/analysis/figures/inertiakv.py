@@ -12,11 +12,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import itertools  # noqa: E402
 from collections.abc import Mapping, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker as ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -345,29 +347,35 @@ def quality_vs_cost(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     for model, part in rows.groupby("model"):
         fig, (left, right) = _grid(2, 5.0, 3.8)
         drawn = False
+        markers = itertools.cycle("os^DvP*X")
         for name in (*COST_METHODS, "full"):
             runs = part[part["variant"] == name]
             if runs.empty:
                 continue
             drawn = True
             points = sorted(
-                (r["cache_len_final"].mean(), benchmark_mean(one_per_example(r), "score"))
+                (r["kv_entries_held"].mean(), benchmark_mean(one_per_example(r), "score"))
                 for _, r in runs.groupby("rho")
             )
-            left.plot([p for p, _ in points], [s for _, s in points], marker="o", label=display(name))
+            (line,) = left.plot([p for p, _ in points], [s for _, s in points], marker="o", label=display(name))
             at90 = runs if name == "full" else runs[runs["rho"] == 0.9]
             if not at90.empty:
+                # A legend, not text beside each point: methods of one family land on top of each other.
                 x, y = at90["decode_tokens_per_s"].mean(), benchmark_mean(one_per_example(at90), "score")
-                right.scatter([x], [y])
-                right.annotate(display(name), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+                right.scatter([x], [y], color=line.get_color(), marker=next(markers), label=display(name))
         if not drawn:
             plt.close(fig)
             continue
         left.set(xscale="log", xlabel="retained decode-side KV tokens", ylabel="RULER (0-100)")
+        # Within a decade or two the default log axis labels every minor tick, and they collide.
+        left.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+        left.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+        left.xaxis.set_minor_formatter(ticker.NullFormatter())
         left.set_title("(a) quality vs retained tokens, 50/75/90%", fontsize=9)
         left.legend(fontsize=7)
         right.set(xlabel="decode tokens / s", ylabel="RULER (0-100)")
         right.set_title("(b) quality vs decode throughput, 90%", fontsize=9)
+        right.legend(fontsize=7)
         lengths = ", ".join(str(int(n)) for n in sorted(part["meta.length"].unique()))
         fig.suptitle(f"Quality-cost trade-offs on RULER at {lengths} tokens ({model})", fontsize=10)
         made.append(save(fig, out / f"inertia_fig6_cost_{model}.png"))
