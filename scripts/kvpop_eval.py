@@ -33,6 +33,12 @@ from methods.kvpop import load_checkpoint
 from methods.kvpop.ranking import candidates, decayed, retention_recall
 
 
+def checkpoint_name(checkpoint: str) -> str:
+    """A checkpoint's name in the output: training writes every row's as ``<row>_B<B>/policy.safetensors``."""
+    path = Path(checkpoint)
+    return f"{path.parent.name}/{path.stem}" if path.parent.name else path.stem
+
+
 def recall_table(
     checkpoint: str, spec: ModelSpec, length: int, windows: int, skip: int, queries: int, rhos: list[float]
 ) -> dict[str, Any]:
@@ -83,7 +89,7 @@ def perplexities(kvpop: list[tuple[str, str]], args: argparse.Namespace) -> list
                 if base is not None:  # a jointly trained policy runs on the weights fine-tuned with it
                     overrides += ["model.source=hub", f"model.path={base}"]
             summary = execute(compose_config(*overrides))
-            label = method if checkpoint is None else f"{method}:{Path(checkpoint).stem}"
+            label = method if checkpoint is None else f"{method}:{checkpoint_name(checkpoint)}"
             nll = summary["subtasks"]["ppl"]["nll"]
             rows.append({"method": label, "rho": rho, "ppl": round(math.exp(nll), 3), "nll": round(nll, 4)})
     return rows
@@ -116,7 +122,7 @@ def main() -> None:
         recall = recall_table(checkpoint, spec, args.length, args.windows, args.skip, args.queries, args.rhos)
         report["recall"][checkpoint] = recall
         for name, row in recall.items():
-            print(f"recall {Path(checkpoint).stem} {name} k={row['k']}: kvpop {row['kvpop']:.3f} "
+            print(f"recall {checkpoint_name(checkpoint)} {name} k={row['k']}: kvpop {row['kvpop']:.3f} "
                   f"recency {row['recency']:.3f}")  # fmt: skip
     if not args.no_ppl:
         report["ppl"] = perplexities(kvpop_methods, args)

@@ -150,3 +150,12 @@ def test_the_paper_scale_recipe_composes_with_the_papers_settings():
     scorer = make_scorer(cfg.kvpop, 36, 8, 128)
     assert (scorer.cell_dim, scorer.delay, scorer.readout_kind, scorer.gamma_space) == (64, 256, "silu", "log")
     assert trained_k(cfg.kvpop, scorer, torch.bfloat16) == 4096 - 4 - 256 - 66
+
+
+def test_eval_script_names_each_trained_row_apart() -> None:
+    from kvpop_eval import checkpoint_name
+
+    # Every row's policy file is called policy.safetensors: the row's folder tells them apart.
+    rows = [f"results/kvpop/smollm2_135m/{row}_B96/policy.safetensors" for row in ("kvpop", "kvpop_immediate")]
+    assert [checkpoint_name(path) for path in rows] == ["kvpop_B96/policy", "kvpop_immediate_B96/policy"]
+    assert checkpoint_name("policy.safetensors") == "policy"
