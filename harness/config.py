@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
@@ -14,6 +16,11 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 #: ``scale=``: the size of a ``conf/experiment`` preset, whose ``forms.<scale>`` block holds
 #: what differs between the paper's form (``cluster``) and the CPU one (``cpu``).
 SCALES = ("cluster", "cpu")
+
+
+def experiment_preset(path: str) -> dict[str, Any]:
+    """A ``conf/experiment`` preset as written (raw YAML, not composed): its forms and sweep, for the analysis."""
+    return yaml.safe_load((CONF_DIR / "experiment" / path).read_text()) or {}
 
 
 def compose_config(*overrides: str, config_name: str = "config") -> DictConfig:

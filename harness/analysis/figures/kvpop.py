@@ -14,18 +14,16 @@ from pathlib import Path  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
 
 from harness.analysis.figures.common import Figure, save  # noqa: E402
 from harness.analysis.results import one_batch_size, run_folders  # noqa: E402
 from harness.analysis.variants import display  # noqa: E402
-from harness.config import CONF_DIR  # noqa: E402
+from harness.config import experiment_preset  # noqa: E402
 from harness.records import read_records  # noqa: E402
 
 RECALL = re.compile(r"meta\.recall_l(\d+)_h(\d+)")
 #: Fig. 4's methods: dense attention, DMS and KVpop.
 EFFICIENCY = ("full", "dms", "kvpop")
-FIG4_PRESET = CONF_DIR / "experiment" / "kvpop_fig4.yaml"
 
 
 def kvpop_retention_maps(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
@@ -52,7 +50,7 @@ def kvpop_retention_maps(frame: pd.DataFrame, root: Path, out: Path) -> list[Pat
 def kvpop_efficiency(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     """Fig. 4: decoding latency and peak memory against the generation length, dense vs DMS vs KVpop."""
     # The preset's tasks only: the full cache runs in every other preset too.
-    tasks = str(yaml.safe_load(FIG4_PRESET.read_text())["hydra"]["sweeper"]["params"]["task"]).split(",")
+    tasks = str(experiment_preset("kvpop_fig4.yaml")["hydra"]["sweeper"]["params"]["task"]).split(",")
     part = frame[frame["method"].isin(EFFICIENCY) & frame["task"].isin(tasks) & frame["new_tokens"].notna()]
     if part.empty or part["new_tokens"].nunique() < 2:
         return []

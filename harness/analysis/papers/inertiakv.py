@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from harness.analysis.spec import (
     NOT_RUN,
@@ -41,7 +40,7 @@ from harness.analysis.spec import (
     variant_axis,
 )
 from harness.analysis.variants import display, variant
-from harness.config import CONF_DIR
+from harness.config import experiment_preset
 
 RHOS: tuple[float, ...] = (0.5, 0.75, 0.9)
 ALPHAS: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
@@ -84,18 +83,14 @@ SCORERS: dict[str, str] = {
 
 
 @cache
-def _preset(path: str) -> dict[str, Any]:
-    return yaml.safe_load((CONF_DIR / "experiment" / path).read_text()) or {}
-
-
 def longbench_tasks() -> list[str]:
     """The paper's eight LongBench tasks, as the presets run them."""
-    return list(_preset("inertia/benchmarks.yaml")["inertia_longbench_tasks"])
+    return list(experiment_preset("inertia/benchmarks.yaml")["inertia_longbench_tasks"])
 
 
 def preset_lengths(path: str) -> list[int]:
     """RULER lengths of a preset's forms, both scales (``forms.<scale>.ruler.lengths``)."""
-    forms = _preset(path).get("forms") or {}
+    forms = experiment_preset(path).get("forms") or {}
     return sorted({n for form in forms.values() for n in ((form or {}).get("ruler") or {}).get("lengths", [])})
 
 
