@@ -72,6 +72,7 @@ class Generation:
     budget: int | None
     cache_len_final: int
     kv_entries_final: float
+    kv_entries_held: float
     kv_bytes_final: int
     kv_bytes_full: int
     prefill_peak_bytes: int
@@ -83,7 +84,6 @@ class Generation:
     max_cache_len: int
     state_bytes: int = 0
     slot_bytes_final: int = 0
-    kv_entries_held: float = 0.0
     target_logprobs: list[float] = field(default_factory=list)
     target_greedy: list[bool] = field(default_factory=list)
     method_report: dict[str, Any] = field(default_factory=dict)
