@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     import datasets
@@ -33,6 +36,40 @@ def check_json_file(path: Path) -> None:
             raise ValueError(f"{path}:{number}: a JSON line must be an object, not {type(row).__name__} — {fix}")
 
 
+@functools.cache
+def offline_unless_reachable() -> bool:
+    """Put huggingface_hub and datasets in offline mode when the hub's host cannot be reached; True if so.
+
+    Unreachable, every hub load spends about 24 s in huggingface_hub's retries before it fails, once
+    per job of a sweep on nodes without network. Offline, a load reads the datasets cache and fails
+    at once when the data is not there. Both libraries copy HF_HUB_OFFLINE into a module global at
+    import, before any task runs, so the switch is made on those globals, here and nowhere else.
+    Probed once per process.
+    """
+    import datasets.config
+    import huggingface_hub.constants
+
+    if huggingface_hub.constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE:
+        return True
+    url = urlsplit(huggingface_hub.constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=3).close()
+        return False
+    except OSError:
+        huggingface_hub.constants.HF_HUB_OFFLINE = True
+        datasets.config.HF_HUB_OFFLINE = True
+        return True
+
+
+def unavailable_reason(error: BaseException, offline: bool) -> str:
+    """The first line of a failed hub load's error, and whether only the cache could be read."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if offline:
+        reason += "; offline (HF_HUB_OFFLINE, or the hub cannot be reached), so only the datasets cache was read"
+    return reason
+
+
 def load_split(
     hub_id: str,
     *,
@@ -58,13 +95,14 @@ def load_split(
             check_json_file(path)
         builder = "parquet" if path.suffix == ".parquet" else "json"
         return load_dataset(builder, data_files={split: str(path)}, split=split)
+    offline = offline_unless_reachable()
     try:
         return load_dataset(hub_id, name, data_dir=data_dir, revision=revision, split=split)
     except Exception as error:
         # datasets raises several unrelated types here (offline mode, no network, missing
         # repo or revision, a loading script it refuses to run); all mean "not available".
         where = f"{hub_id}@{revision}" + (f" ({name})" if name else "") + (f" data_dir={data_dir}" if data_dir else "")
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = unavailable_reason(error, offline)
         raise FileNotFoundError(
             f"could not load {where}, split {split!r}, from the hub ({reason}) — {how_to_get}"
         ) from error

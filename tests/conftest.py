@@ -58,6 +58,17 @@ def tiny_spec(name: str):
     return spec if TEST_DEVICE == "cpu" else dataclasses.replace(spec, device=TEST_DEVICE, dtype="bfloat16")
 
 
+@pytest.fixture
+def offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The hub in offline mode over an empty datasets cache: every hub load fails at once."""
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+
+
 @pytest.fixture(scope="session")
 def tiny_models() -> dict:
     return {name: load_model(tiny_spec(name)) for name in TINY_MODELS}

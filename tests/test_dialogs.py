@@ -135,6 +135,7 @@ def test_run_example_record(task):
     record = task.run_example(world_method("fdkvc"), example)
     assert set(record) >= {"metrics", "prediction", "new_tokens", "cache_len_final", "latency_s"}
     assert record["cache_len_final"] == 56 and record["new_tokens"] == 9 * 32
+    assert record["kv_entries_final"] == record["kv_entries_held"] == 56.0
     assert set(record["metrics"]) >= {
         "alignment",
         "retention",

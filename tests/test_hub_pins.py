@@ -35,3 +35,5 @@ def test_configs_keep_the_pins() -> None:
     assert all(value is None for value in ruler.revisions.values())
     aime = instantiate(compose_config("task=aime").task)
     assert all(COMMIT.fullmatch(aime.source(name).revision) for name in aime.competitions)
+    gpqa = instantiate(compose_config("task=gpqa_diamond").task)
+    assert COMMIT.fullmatch(gpqa.revisions["gpqa_diamond_cot_zeroshot"])

@@ -244,7 +244,15 @@ def test_gpqa_diamond_from_the_hub_schema_fixture(tok: Any) -> None:
     assert scored.metrics == {"exact_match,strict-match": 1.0, "exact_match,flexible-extract": 1.0}
     scored = task.score_calls([CallResult(f"Maybe ({right})... no: ({wrong})")], examples[0])
     assert scored.metrics == {"exact_match,strict-match": 0.0, "exact_match,flexible-extract": 0.0}
-    unpinned = compose_config("model=tiny_llama", "task=gpqa_diamond")
+
+
+def test_gpqa_diamond_off_the_hub_is_one_line_naming_the_commit_and_the_local_file(tok: Any, offline_hub: None) -> None:
+    pinned = instantiate(compose_config("model=tiny_llama", "task=gpqa_diamond").task)
+    message = refused(lambda: pinned.examples(tok), "could not load Idavidrein/gpqa@90b8e5be2b1d", FileNotFoundError)
+    assert_one_line(message)
+    assert "only the datasets cache was read" in message
+    assert "task.data_files.gpqa_diamond_cot_zeroshot=<file in the hub schema>" in message
+    unpinned = compose_config("model=tiny_llama", "task=gpqa_diamond", "task.revisions.gpqa_diamond_cot_zeroshot=null")
     assert_one_line(refused(lambda: instantiate(unpinned.task).examples(tok), "task.revisions.gpqa_diamond"))
 
 

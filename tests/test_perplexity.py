@@ -58,13 +58,7 @@ def test_hub_schema_fixture_and_text_file(tok: Any, tmp_path: Path) -> None:
         PerplexityTask(prefill=16, eval_tokens=4, n=50, text_file=str(path)).examples(tok)
 
 
-def test_missing_hub_data_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import datasets
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
+def test_missing_hub_data_says_how_to_get_it(offline_hub: None) -> None:
     task = PerplexityTask(hub={"path": "wikitext", "name": "wikitext-103-raw-v1", "split": "test"})
     with pytest.raises(
         FileNotFoundError,

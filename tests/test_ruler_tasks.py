@@ -244,13 +244,7 @@ def test_paper_preset_and_hydra() -> None:
         RulerTask(data_files={"qa_3": "x"})
 
 
-def test_missing_qa_data_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import datasets
-    import huggingface_hub.constants
-
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
+def test_missing_qa_data_says_how_to_get_it(offline_hub: None, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"rajpurkar/squad_v2.* — .*task\.data_files\.qa_1=path/to/file\.jsonl"):
         RulerTask(tasks=["qa_1"], lengths=[1024], n=1).examples(None)
     with pytest.raises(FileNotFoundError, match="does not exist"):

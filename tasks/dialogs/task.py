@@ -240,6 +240,9 @@ class DialogTask(Task):
                 "prefill_len": self.tokens_per_turn,
                 "budget": self.budget,
                 "cache_len_final": int(trace.cache_len[-1]),
+                # One head, evicting physically: every entry held is seen.
+                "kv_entries_final": float(trace.cache_len[-1]),
+                "kv_entries_held": float(trace.cache_len[-1]),
                 "max_cache_len": trace.max_step_cache_len,
                 "kv_bytes_final": int(trace.cache_len[-1]) * entry_bytes,
                 "kv_bytes_full": n_turns * self.tokens_per_turn * entry_bytes,

@@ -43,6 +43,7 @@ from lm_eval.tasks import TaskManager
 from lm_eval.tasks._factory import TaskFactory
 
 from tasks.base import Call, CallResult, Example, Scored, Task, TaskProtocol, as_dict, as_list, require_int, require_str
+from tasks.hub import offline_unless_reachable, unavailable_reason
 from tasks.lm_eval.requests import LmEvalRequests, ranked_documents
 
 # Local data files by extension, read through the ``datasets`` builder of that format.
@@ -217,7 +218,13 @@ class LmEvalTask(Task):
         random.seed(DEFAULT_RANDOM_SEED)
         np.random.seed(DEFAULT_OTHER_SEED)
         torch.manual_seed(DEFAULT_OTHER_SEED)
-        built = factory.build(entry, overrides=self._overrides(name, entry), registry=manager.task_index)
+        overrides = self._overrides(name, entry)
+        offline = offline_unless_reachable()
+        try:
+            built = factory.build(entry, overrides=overrides, registry=manager.task_index)
+        except OSError as error:
+            # datasets' "not available": no network, not in the cache, no such repository or revision.
+            raise FileNotFoundError(_unavailable(name, entry, overrides, error, offline)) from error
         leaves = built.get_all_tasks() if isinstance(built, Group) else built if isinstance(built, list) else [built]
         loaded = {task.task_name: task for task in leaves}
         for task_name, task in loaded.items():
@@ -320,6 +327,18 @@ class LmEvalTask(Task):
             best = int(np.argmax([response[0] for response in filtered]))
             return str(choices[best]) if best < len(choices) else str(best)
         return ""
+
+
+def _unavailable(name: str, entry: Any, overrides: dict[str, Any] | None, error: OSError, offline: bool) -> str:
+    """Why lm-eval task ``name`` could not load its dataset, and how to give it one."""
+    config = entry.cfg or {}
+    revision = ((overrides or {}).get("dataset_kwargs") or {}).get("revision")
+    where = f"{config.get('dataset_path', name)}@{revision}" if revision else str(config.get("dataset_path", name))
+    reason = unavailable_reason(error, offline)
+    return (
+        f"lm-eval task {name!r} could not load {where} ({reason}) — run it once with network access to fill"
+        f" the datasets cache, or read a local copy with task.data_files.{name}=<file in the hub schema>"
+    )
 
 
 def _answers(task: Any, doc: dict[str, Any]) -> list[str]:
