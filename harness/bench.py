@@ -57,6 +57,7 @@ class BenchRow:
     kv_ratio: float
     score_share: float
     evict_share: float
+    prefill_score_share: float
 
 
 def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: float, length: int) -> BenchRow:
@@ -76,6 +77,7 @@ def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: fl
         kv_ratio=result.kv_bytes_final / result.kv_bytes_full,
         score_share=result.score_s / result.decode_s,
         evict_share=result.evict_s / result.decode_s,
+        prefill_score_share=result.prefill_score_s / result.prefill_s,
     )
 
 
@@ -103,7 +105,8 @@ def run(
         for rho in rhos:
             for _ in range(repeats):
                 for name in methods:
-                    rows.append(measure(Engine(model, bench_method(name, rho)), ids, new_tokens, name, rho, length))
+                    engine = Engine(model, bench_method(name, rho), tokenizer=tokenizer)
+                    rows.append(measure(engine, ids, new_tokens, name, rho, length))
                     print(rows[-1], flush=True)
                 budget = exact_floor((1 - rho) * len(ids))
                 rows.append(measure(Engine(model, FullCache()), ids[-budget:], new_tokens, "full@B", rho, length))
@@ -141,7 +144,7 @@ def batch_run(
         requests = [Request(example.input_ids, new_tokens) for example in examples]
         for rho in rhos:
             for name in methods:
-                engine = Engine(model, bench_method(name, rho))
+                engine = Engine(model, bench_method(name, rho), tokenizer=tokenizer)
                 for size in sizes:
                     done = [generation for _, generation in engine.generate_batch(enumerate(requests), size)]
                     steps = sum(generation.new_tokens - 1 for generation in done)

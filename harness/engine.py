@@ -58,6 +58,8 @@ class Generation:
         prefill_s, decode_s: wall time of the prefill forward (with the method's prefill
             observation, reconstruction passes and eviction, if any) and of the decode loop.
         score_s: part of the decode time spent in the method (observing and choosing).
+        prefill_score_s: part of the prefill time spent in the method (H2O's and SnapKV's prompt
+            votes, KVzip's reconstruction scores, the prefill keep decisions).
         evict_s: part of the decode time spent gathering the kept entries into new tensors.
         max_cache_len: the largest cache length seen after any decode step's eviction.
         target_logprobs: with ``forced`` tokens, the log-probability the model gave each one
@@ -80,6 +82,7 @@ class Generation:
     prefill_s: float
     decode_s: float
     score_s: float
+    prefill_score_s: float
     evict_s: float
     max_cache_len: int
     state_bytes: int = 0
@@ -486,6 +489,7 @@ class _Sequence:
             prefill_s=self.prefill_s,
             decode_s=self.decode_s,
             score_s=driver.score_s,
+            prefill_score_s=driver.prefill_score_s,
             evict_s=self.evicting.seconds,
             max_cache_len=self.max_cache_len,
             state_bytes=state_bytes,

@@ -192,7 +192,7 @@ def call_request(call: Call, tokenizer: Any, stops: set[int], seed: int, example
 
 
 # Summed over the calls of a ``CALLS`` example; every other record figure is its largest call's.
-SUMMED_FIELDS = ("prefill_s", "decode_s", "score_s", "evict_s", "new_tokens")
+SUMMED_FIELDS = ("prefill_s", "decode_s", "score_s", "evict_s", "prefill_score_s", "new_tokens")
 
 
 def calls_outcome(generations: list[Any]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ IDENTITY_FIELDS: tuple[str, ...] = (
 NUMERIC_FIELDS: tuple[str, ...] = (
     "prefill_len", "budget", "cache_len_final", "kv_entries_final", "kv_entries_held", "kv_bytes_final",
     "kv_bytes_full", "state_bytes", "prefill_peak_bytes", "decode_peak_bytes",
-    "prefill_s", "decode_s", "new_tokens", "decode_tokens_per_s", "score_s", "evict_s",
+    "prefill_s", "decode_s", "new_tokens", "decode_tokens_per_s", "score_s", "evict_s", "prefill_score_s",
 )  # fmt: skip
 
 #: Outcome fields in record order: the decoded text and metrics, then the numeric fields.

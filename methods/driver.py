@@ -125,6 +125,8 @@ class Driver:
         observing, attention: whether the method observes this step, and needs its weights.
         score_s: seconds inside the method (observations and keep decisions) since the prefill,
             on the device's clock (``methods.stopwatch``: CUDA events, read once at the end).
+        prefill_score_s: seconds inside the method during the prefill (its prompt observation,
+            reconstruction passes and prefill keep decisions), part of the prefill's time.
     """
 
     def __init__(self, method: EvictionMethod, info: SequenceInfo, refill: bool = False) -> None:
@@ -138,6 +140,7 @@ class Driver:
         self.observing = False
         self.attention = False
         self.clock = Stopwatch(info.device)
+        self.prefill_score_s = 0.0
         self.reconstructing: tuple[int, int] | None = None
 
     @property
@@ -179,6 +182,7 @@ class Driver:
     def end_prefill(self) -> KeepPlan | None:
         """The prefill-time keep plan; the time spent here belongs to the prefill, not to decoding."""
         plan = self._keep()
+        self.prefill_score_s = self.clock.seconds
         self.clock.reset()
         return plan
 

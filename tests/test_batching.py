@@ -24,7 +24,7 @@ METHODS = sorted(path.stem for path in (Path(__file__).parents[1] / "conf" / "me
 # StreamingLLM+ serves StreamingLLM's pattern on fine-tuned weights: its inference is streaming_llm's,
 # and its weights need a training run (tests/test_kvpop_training.py).
 BATCHED = [name for name in METHODS if name != "streaming_llm_plus"]
-TIMINGS = {"prefill_s", "decode_s", "score_s", "evict_s"}
+TIMINGS = {"prefill_s", "decode_s", "score_s", "evict_s", "prefill_score_s"}
 
 
 def figures(generation: Generation) -> dict:

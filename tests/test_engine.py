@@ -273,8 +273,10 @@ def test_method_time_in_the_prefill_stays_out_of_the_decode_shares(tiny_models):
     method.observe_prefill = slow
     generation = Engine(model, method).generate(prompt(1), 3)
     layers = model.config.num_hidden_layers
-    assert generation.prefill_s >= 0.1 * layers
+    assert generation.prefill_s >= generation.prefill_score_s >= 0.1 * layers
     assert generation.score_s < 0.1 and generation.evict_s < 0.1
+    unscored = Engine(model, named_method("streaming_llm", "rho=0.5")).generate(prompt(1), 3)
+    assert unscored.prefill_score_s < 0.1
     assert generation.cache_len_final == generation.budget
 
 
