@@ -60,6 +60,8 @@ def test_annotate_reads_parameters_from_configs(frame) -> None:
 
 def test_table1_cells_are_benchmark_means_and_missing_cells_say_not_run(frame) -> None:
     cells = table("inertia_table1", frame)
+    # The rows are the methods the preset sweeps (KeyDiff included, as in Fig. 5), the full cache first.
+    assert list(cells) == ["Full cache", "TOVA", "SnapKV", "AdaKV+EA", "KeyDiff", "InertiaKV"]
     # inertia at 0.9: niah_a (100, 0) -> 50, niah_b (100, 100) -> 100; mean of subtask means 75.
     assert cells["InertiaKV"]["budget 10%"] == "75.00"
     assert cells["InertiaKV"]["budget 50%"] == "100.00"

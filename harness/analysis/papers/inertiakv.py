@@ -283,7 +283,9 @@ def tables() -> list[TableSpec]:
         TableSpec(
             "inertia_table1",
             "InertiaKV Table 1: RULER (0-100) as the KV budget decreases (budget = 1 - ρ)",
-            product(models({"variant": "tova"}), named_lines(("full", "tova", "snapkv", "adakv_ea", "inertia"))),
+            product(
+                models({"variant": "tova"}), named_lines(("full", "tova", "snapkv", "adakv_ea", "keydiff", "inertia"))
+            ),
             values("rho", RHOS, lambda r: f"budget {100 * (1 - r):g}%", extra=False),
             score(),
             "inertia_table1",
