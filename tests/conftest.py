@@ -58,15 +58,20 @@ def tiny_spec(name: str):
     return spec if TEST_DEVICE == "cpu" else dataclasses.replace(spec, device=TEST_DEVICE, dtype="bfloat16")
 
 
-@pytest.fixture
-def offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The hub in offline mode over an empty datasets cache: every hub load fails at once."""
+def hub_mode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, offline: bool) -> None:
+    """huggingface_hub and datasets in offline (or online) mode over an empty datasets cache, restored afterwards."""
     import datasets
     import huggingface_hub.constants
 
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", offline)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+
+
+@pytest.fixture
+def offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The hub in offline mode over an empty datasets cache: every hub load fails at once."""
+    hub_mode(monkeypatch, tmp_path, offline=True)
 
 
 @pytest.fixture(scope="session")

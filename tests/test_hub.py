@@ -9,6 +9,7 @@ from pathlib import Path
 import datasets
 import huggingface_hub.constants
 import pytest
+from conftest import hub_mode
 
 from tasks.hub import load_split, offline_unless_reachable
 
@@ -16,9 +17,7 @@ from tasks.hub import load_split, offline_unless_reachable
 @pytest.fixture
 def online(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[pytest.MonkeyPatch]:
     """Both libraries in online mode over an empty cache, the probe not yet run; restored afterwards."""
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    hub_mode(monkeypatch, tmp_path, offline=False)
     offline_unless_reachable.cache_clear()
     yield monkeypatch
     offline_unless_reachable.cache_clear()

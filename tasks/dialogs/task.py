@@ -224,6 +224,7 @@ class DialogTask(Task):
         entry_bytes = 2 * self.head_dim * 4
         n_turns = dialogs.scenario.n_turns
         n = len(dialogs)
+        final = int(trace.cache_len[-1])
         # The per-turn series the figures draw (four decimals: records are read back often).
         series = {
             "alignment": trace.alignment,
@@ -239,12 +240,12 @@ class DialogTask(Task):
                 "new_tokens": (n_turns - 1) * self.tokens_per_turn,
                 "prefill_len": self.tokens_per_turn,
                 "budget": self.budget,
-                "cache_len_final": int(trace.cache_len[-1]),
+                "cache_len_final": final,
                 # One head, evicting physically: every entry held is seen.
-                "kv_entries_final": float(trace.cache_len[-1]),
-                "kv_entries_held": float(trace.cache_len[-1]),
+                "kv_entries_final": float(final),
+                "kv_entries_held": float(final),
                 "max_cache_len": trace.max_step_cache_len,
-                "kv_bytes_final": int(trace.cache_len[-1]) * entry_bytes,
+                "kv_bytes_final": final * entry_bytes,
                 "kv_bytes_full": n_turns * self.tokens_per_turn * entry_bytes,
                 "latency_s": latency_s,
                 "decode_s": trace.total_s / n,
