@@ -27,12 +27,18 @@ class SnapKV(EvictionMethod):
         selection: budget (granularity ``head``); ``window`` is the observation window (paper: 32).
         kernel_size: pooling kernel along positions (paper: 7).
         pooling: ``max`` (paper) or ``avg``.
+        pool_over_window: False (SnapKV's code, kvpress; ``conf/method/snapkv.yaml``): pooling
+            smooths only the entries before the window, padded at the window's edge; True (the
+            dataclass default, so that records made before the parameter existed keep their run
+            id): it also reaches into the window's own columns, which moves the keep set near
+            that edge.
         name: label for records and tables.
     """
 
     selection: Selection
     kernel_size: int = 7
     pooling: str = "max"
+    pool_over_window: bool = True
     name: str = "snapkv"
 
     def __post_init__(self) -> None:
@@ -70,7 +76,12 @@ class SnapKV(EvictionMethod):
         votes = prompt_attention_votes(view.to(self.info.device))
         pool = torch.nn.functional.max_pool1d if self.pooling == "max" else torch.nn.functional.avg_pool1d
         pad = self.kernel_size // 2
-        self._scores[view.layer] = pool(votes.unsqueeze(1), self.kernel_size, stride=1, padding=pad).squeeze(1)
+        # The window's own entries are kept whatever they score; only what precedes them is ranked.
+        prefix = votes.shape[-1] if self.pool_over_window else max(votes.shape[-1] - self.selection.window, 0)
+        if prefix:
+            pooled = pool(votes[:, :prefix].unsqueeze(1), self.kernel_size, stride=1, padding=pad).squeeze(1)
+            votes = torch.cat([pooled, votes[:, prefix:]], dim=-1)
+        self._scores[view.layer] = votes
 
     def keep(self, step: int, positions: list[Tensor]) -> KeepPlan | None:
         if self._budget is None or step != 0 or positions[0].shape[-1] <= self._budget:

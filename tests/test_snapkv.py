@@ -29,9 +29,11 @@ def seq(kv_heads: int, group: int, layers: int = 1) -> SequenceInfo:
     )
 
 
-def snapkv(budget: int, window: int = 4, kernel_size: int = 1, pooling: str = "max") -> SnapKV:
+def snapkv(
+    budget: int, window: int = 4, kernel_size: int = 1, pooling: str = "max", pool_over_window: bool = False
+) -> SnapKV:
     selection = Selection(budget_tokens=budget, window=window, granularity="head")
-    return SnapKV(selection=selection, kernel_size=kernel_size, pooling=pooling)
+    return SnapKV(selection=selection, kernel_size=kernel_size, pooling=pooling, pool_over_window=pool_over_window)
 
 
 def unit_keys(kv_heads: int) -> Tensor:
@@ -137,6 +139,20 @@ def test_pooling_spreads_a_peak_to_its_neighbours(pooling: str) -> None:
     method.begin(seq(kv_heads=1, group=1))
     prefill(method, 0, targeted_queries([[5, 5, 5, 5]], scale=12.0), kv_heads=1)
     assert method.keep(0, prompt_positions(1, 1))[0].tolist() == [[4, 5, 6, 12, 13, 14, 15]]
+
+
+@pytest.mark.parametrize("pool_over_window", [False, True])
+def test_pooling_stops_at_the_window_unless_asked(pool_over_window: bool) -> None:
+    # Three window queries look at the window's first entry (12), one at entry 3.
+    method = snapkv(budget=7, kernel_size=3, pool_over_window=pool_over_window)
+    method.begin(seq(kv_heads=1, group=1))
+    prefill(method, 0, targeted_queries([[12, 12, 12, 3]], scale=12.0), kv_heads=1)
+    kept = method.keep(0, prompt_positions(1, 1))[0].tolist()[0]
+    if pool_over_window:
+        # Entry 11 borrows the window's peak at 12 and displaces one of 3's pooled neighbourhood.
+        assert 11 in kept and len({2, 3, 4} & set(kept)) == 2 and kept[-4:] == [12, 13, 14, 15]
+    else:
+        assert kept == [2, 3, 4, 12, 13, 14, 15]
 
 
 def test_selection_happens_once_after_prefill_then_the_cache_grows() -> None:
