@@ -35,7 +35,6 @@ from hydra.utils import instantiate
 from harness.config import compose_config, model_spec
 from harness.engine import Engine
 from harness.models import load_model, load_tokenizer
-from methods.selection import exact_floor
 from tasks.ruler.task import RulerTask
 
 SCRIPT = Path(__file__).resolve().with_name("kvpress_prefill.py")
@@ -78,10 +77,13 @@ def kvpress_budget(prefill_len: int, rho: float) -> int:
 
 def ours(model: Any, tokenizer: Any, method: str, rho: float, ids: list[int], new_tokens: int) -> dict[str, Any]:
     """Our keep sets after the prefill and greedy tokens for one prompt, at kvpress's budget."""
+    cfg = compose_config(f"method={method}", f"rho={rho}", *PEERS[method][1])
     budget = kvpress_budget(len(ids), rho)
-    matched = budget != exact_floor((1 - rho) * len(ids))
-    overrides = PEERS[method][1] + ((f"method.selection.budget_tokens={budget}",) if matched else ())
-    cfg = compose_config(f"method={method}", f"rho={rho}", *overrides)
+    matched = budget != instantiate(cfg.method.selection).budget_for(len(ids))
+    if matched:
+        cfg = compose_config(
+            f"method={method}", f"rho={rho}", *PEERS[method][1], f"method.selection.budget_tokens={budget}"
+        )
     engine = Engine(model, instantiate(cfg.method), tokenizer=tokenizer)
     captured: dict[str, Any] = {}
 
