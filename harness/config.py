@@ -10,6 +10,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
+# The config's resolvers are registered there, for every composition.
+from harness import errors  # noqa: F401
 from harness.models import ModelSpec
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"

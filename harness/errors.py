@@ -24,10 +24,34 @@ from hydra.errors import (
     MissingConfigException,
     OverrideParseException,
 )
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 #: What a task or method raises for a mistake in the user's config or files.
 MISTAKES = (ValueError, FileNotFoundError)
+
+#: Whether the user asked for the traceback behind a one-line error (``HYDRA_FULL_ERROR=1``);
+#: ``cli`` reads it before it sets the variable for Hydra's own reasons.
+_FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def _folder_option(value: Any, option: str) -> Any:
+    """``${folder:${results_dir},results_dir}``: a folder option used in a path, refused when empty.
+
+    Hydra makes its log folder from ``results_dir`` before any code of ours runs; an empty value
+    would put it at the file system's root.
+    """
+    if value is None or not str(value).strip():
+        raise UserError(f"{option}={value!r} is empty — set {option} to a folder, e.g. {option}=results")
+    return value
+
+
+OmegaConf.register_new_resolver("folder", _folder_option, replace=True)
+
+
+def show_tracebacks() -> bool:
+    """Whether a user's mistake should show its traceback instead of one line (``HYDRA_FULL_ERROR=1``)."""
+    return _FULL_ERROR
 
 
 class UserError(Exception):
@@ -78,7 +102,8 @@ def _config_message(error: Exception) -> str:
 
 def cli(main: Callable[[], Any]) -> None:
     """Run a command-line entry point, printing a user's mistake as one line with exit code 2."""
-    full = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    global _FULL_ERROR
+    full = _FULL_ERROR = os.environ.get("HYDRA_FULL_ERROR") == "1"
     # Hydra re-raises instead of printing its own report, so the mistake can be told apart here.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
@@ -92,9 +117,13 @@ def cli(main: Callable[[], Any]) -> None:
             raise
         _exit(_config_message(error))
     except OmegaConfBaseException as error:
-        # An interpolation that cannot resolve (``${forms.${scale}.model}`` with an unknown scale).
         if full:
             raise
+        # A resolver's own refusal (``${folder:...}``) says what to fix itself; OmegaConf keeps only its text.
+        resolver = f"{UserError.__name__} raised while resolving interpolation: "
+        if str(error).startswith(resolver):
+            _exit(one_line(str(error).removeprefix(resolver)).split(" full_key:")[0])
+        # An interpolation that cannot resolve (``${forms.${scale}.model}`` with an unknown scale).
         _exit(f"{one_line(str(error)).split(' full_key:')[0]} — check the overrides (scale is cluster or cpu)")
     except yaml.YAMLError as error:
         if full:

@@ -13,19 +13,20 @@ that override the pretrained config (``+model.config.max_position_embeddings=409
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
+
+from harness.options import check_types
+from tasks.digest import file_sha256
 
 SOURCES = ("gguf_package", "hub", "random")
 # Spec fields that name or describe a model without changing what it computes.
@@ -87,6 +88,7 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: source={self.source} needs model.path — set the hub id or package")
         if self.source == "random" and "model_type" not in self.config:
             raise ValueError(f"model {self.name!r}: a random model needs model.config.model_type — e.g. llama")
+        check_types(self, "model")
         self.config = dict(self.config)
         resolve_dtype(self.dtype, resolve_device(self.device))
 
@@ -118,21 +120,6 @@ def _flat(identity: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-@cache
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def file_sha256(path: Path | str) -> str:
-    """SHA-256 of a file's content (computed once per process for an unchanged file)."""
-    stat = Path(path).stat()
-    return _sha256(str(path), stat.st_size, stat.st_mtime_ns)
-
-
 def cache_root() -> Path:
     """Folder for converted models; ``EVICTBENCH_CACHE`` overrides ``~/.cache/evictbench``."""
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "evictbench"
@@ -143,18 +130,37 @@ def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return torch.device(device)
+        resolved = torch.device(device)
     except (RuntimeError, TypeError) as error:
         raise ValueError(f"model.device={device!r} is not a torch device — use auto, cpu, cuda or cuda:<n>") from error
+    return resolved
+
+
+def check_device(spec: ModelSpec) -> None:
+    """Refuse a device this machine lacks, before anything loads (an identity may name one: a cluster run's)."""
+    device = resolve_device(spec.device)
+    if device.type != "cuda":
+        return
+    if not torch.cuda.is_available() or (device.index is not None and device.index >= torch.cuda.device_count()):
+        why = "this torch is a CPU build" if torch.version.cuda is None else "no such CUDA device is visible"
+        raise ValueError(f"model.device={spec.device!r} cannot be used here: {why} — use model.device=cpu (or auto)")
+
+
+#: The dtypes a model runs in: its weights, activations and cache.
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    resolved = getattr(torch, str(dtype), None)
-    if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"model.dtype={dtype!r} is not a torch dtype — use auto, float32, bfloat16 or float16")
-    return resolved
+    if dtype not in DTYPES:
+        kind = (
+            "not a floating-point dtype"
+            if isinstance(getattr(torch, str(dtype), None), torch.dtype)
+            else "not a torch dtype"
+        )
+        raise ValueError(f"model.dtype={dtype!r} is {kind} — use auto, {', '.join(DTYPES)}")
+    return getattr(torch, dtype)
 
 
 def _gguf_folder(spec: ModelSpec) -> Path:
@@ -271,6 +277,36 @@ def load_config(spec: ModelSpec) -> PretrainedConfig:
             f"model.config.{name} is not a field of {spec.name}'s {type(config).__name__} — check the spelling"
         )
     return config
+
+
+def check_buildable(config: PretrainedConfig, spec: ModelSpec) -> None:
+    """Refuse a model config that cannot run, before any weight loads (``model.config.*`` overrides).
+
+    The attention geometry is checked by hand (a KV-head count that does not divide the query heads
+    only fails inside the first forward); anything else the architecture refuses is found by building
+    the model on the meta device, which allocates nothing.
+    """
+    text = config.get_text_config()
+    fix = f"fix the model.config overrides of {spec.name}"
+    sizes = {name: getattr(text, name, None) for name in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                                            "num_attention_heads", "num_key_value_heads")}  # fmt: skip
+    for name, value in sizes.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"model.config.{name}={value!r} is not a positive integer — {fix}")
+    heads, kv_heads = sizes["num_attention_heads"], sizes["num_key_value_heads"]
+    if heads is not None and kv_heads is not None and heads % kv_heads:
+        raise ValueError(
+            f"model.config.num_key_value_heads={kv_heads} does not divide num_attention_heads={heads}"
+            f" (each KV head serves a whole group of query heads) — {fix}"
+        )
+    if not spec.config and spec.source != "random":
+        return
+    try:
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(config)
+    except (ValueError, TypeError, AttributeError, RuntimeError, AssertionError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"model {spec.name!r} cannot be built from its config ({reason}) — {fix}") from error
 
 
 def max_positions(config: PretrainedConfig) -> int | None:

@@ -19,17 +19,22 @@ record a kill prevented, so every line left belongs to exactly one record.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import logging
+import math
 import os
+import shutil
 import socket
 import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from harness.schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,12 @@ def _parse(path: Path, number: int, line: str) -> dict[str, Any]:
         raise CorruptRecordsError(f"{path}:{number}: corrupt record ({error.msg}): {line[:80]!r}{fix}") from error
     if not isinstance(record, dict) or "example_id" not in record:
         raise CorruptRecordsError(f"{path}:{number}: not a record (no example_id): {line[:80]!r}{fix}")
+    version = record.get("schema_version", 1)
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise CorruptRecordsError(
+            f"{path}:{number}: a record of schema version {version!r}, newer than the {SCHEMA_VERSION} this evictbench"
+            " reads — upgrade evictbench (git pull, then make install) to read it"
+        )
     return record
 
 
@@ -96,6 +107,19 @@ def read_records(path: Path, repair: bool = False) -> list[dict[str, Any]]:
     return records
 
 
+def read_first_record(path: Path) -> dict[str, Any] | None:
+    """The first record of ``path`` (None when it holds no complete line), without reading the rest."""
+    if not path.exists():
+        return None
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.endswith(b"\n"):
+                return None
+            if line.strip():
+                return _parse(path, number, line.decode("utf-8", errors="replace"))
+    return None
+
+
 def append_lines(path: Path, lines: list[bytes], ids_since: int | None = None) -> tuple[list[bool], int, set[str]]:
     """Append ``lines`` in one locked write and flush them to disk.
 
@@ -125,8 +149,20 @@ def append_lines(path: Path, lines: list[bytes], ids_since: int | None = None) -
         os.close(descriptor)
 
 
-def _encode(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float (an undefined measure, NaN) as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    # Strict JSON: strict parsers refuse NaN and Infinity, so an undefined measure is written as null.
+    return (json.dumps(_finite(record), ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
 
 
 class RecordFile:
@@ -165,7 +201,7 @@ class RecordFile:
                 raise DuplicateRecordError(f"{self.path}: example_id={example_id!r} is already recorded")
             fresh.append(example_id not in self._others)
         written, self._size, others = append_lines(
-            self.path, [_encode(r) for r, new in zip(records, fresh, strict=True) if new], ids_since=self._size
+            self.path, [encode(r) for r, new in zip(records, fresh, strict=True) if new], ids_since=self._size
         )
         self._ids |= others
         self._others |= others
@@ -206,7 +242,7 @@ class CompanionFile:
             write_atomic(path, "".join(line + "\n" for line in kept))
 
     def append(self, line: dict[str, Any]) -> None:
-        append_lines(self.path, [_encode(line)])
+        append_lines(self.path, [encode(line)])
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -226,23 +262,44 @@ def write_atomic(path: Path, text: str) -> None:
 class RunLock:
     """``<folder>/.lock``, held for a whole run: one process writes a run folder at a time.
 
-    The lock is the kernel's (``flock``), so it ends with its process however that ends; the
-    file's content (pid, host, start time, command) only names the holder for the message.
+    Entering makes the folder if needed and locks it in one step. The lock is the kernel's
+    (``flock``), so it ends with its process however that ends; the file's content (pid, host,
+    start time, command) only names the holder for the message. A holder may remove the folder
+    (``discard_unrecorded``) while it holds the lock: it unlinks the lock file first, so a
+    process that was waiting on that file sees, once it gets the lock, that the file it locked
+    is no longer the folder's, and starts over with a fresh folder.
     """
 
     def __init__(self, folder: Path) -> None:
+        self.folder = folder
         self.path = folder / ".lock"
         self._descriptor: int | None = None
 
-    def __enter__(self) -> RunLock:
-        descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
+    def _open_current(self) -> int:
+        """A locked descriptor of the folder's current lock file (raises ``RunBusyError`` when held)."""
+        while True:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            try:
+                descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except FileNotFoundError:
+                continue  # the folder went between mkdir and open
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                os.close(descriptor)
+                if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                raise RunBusyError(f"{self.folder} is being written by {self.holder()} — {_BUSY_FIX}") from None
+            try:
+                current = os.stat(self.path).st_ino == os.fstat(descriptor).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                return descriptor
             os.close(descriptor)
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            raise RunBusyError(f"{self.path.parent} is being written by {self.holder()} — {_BUSY_FIX}") from None
+
+    def __enter__(self) -> RunLock:
+        descriptor = self._open_current()
         holder = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -263,6 +320,19 @@ class RunLock:
         if "pid" not in holder:
             return "another process"
         return f"pid {holder['pid']} on {holder.get('host', '?')} (started {holder.get('started_at', '?')})"
+
+    def discard_unrecorded(self) -> None:
+        """Remove the folder if it holds no records (a run that failed before its first), while locked."""
+        if self._descriptor is None or (self.folder / "records.jsonl").exists():
+            return
+        self.path.unlink(missing_ok=True)
+        for path in self.folder.iterdir():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # something else put a file there meanwhile: leave it
+            self.folder.rmdir()
 
     def __exit__(self, *exc: object) -> None:
         if self._descriptor is not None:

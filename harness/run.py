@@ -8,9 +8,9 @@ folder and appends one record per example. The folder name is derived from the c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import shutil
 import sys
 import zlib
 from collections.abc import Callable, Iterator
@@ -20,6 +20,7 @@ from typing import Any
 
 import hydra
 import torch
+import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from hydra.utils import instantiate
@@ -28,16 +29,27 @@ from tqdm import tqdm
 from transformers import PretrainedConfig
 
 from harness import kv_cache, provenance
-from harness.config import SCALES, model_spec
+from harness.config import CONF_DIR, SCALES
 from harness.diagnostics import FILENAME as DIAGNOSTICS_FILE
 from harness.diagnostics import RetentionRecorder
 from harness.engine import Engine, Request, check_sequence
-from harness.errors import UserError, cli, user_errors
-from harness.models import ModelSpec, file_sha256, load_config, load_model, load_tokenizer, resolve_device
+from harness.errors import UserError, cli, show_tracebacks, user_errors
+from harness.identity import MIGRATE, Identity, identify, older_folders, record_version
+from harness.models import ModelSpec, check_buildable, check_device, load_config, load_model, load_tokenizer
 from harness.models import writable_folder as _writable
-from harness.records import CompanionFile, RecordFile, RunLock, append_lines, write_atomic
+from harness.options import check_appended, check_fields, check_types
+from harness.records import (
+    CompanionFile,
+    CorruptRecordsError,
+    DuplicateRecordError,
+    RecordFile,
+    RunBusyError,
+    RunLock,
+    append_lines,
+    write_atomic,
+)
 from harness.sampling import Sampling
-from harness.schema import NUMERIC_FIELDS, OUTCOME_FIELDS, RunId, digest
+from harness.schema import NUMERIC_FIELDS, OUTCOME_FIELDS, SCHEMA_VERSION, RunId, canonical_rho
 from harness.summary import summarize
 from harness.wandb_logger import open_logger
 from harness.world import MethodPolicy
@@ -53,8 +65,12 @@ ANSWER_PASS_FIELDS = ("prefill_len", "new_tokens", "prefill_s", "decode_s")
 
 
 def check_top_level(cfg: DictConfig) -> None:
-    """Refuse a malformed top-level option: rho, scale, seed, threads, batch_size, diagnostics, sampling."""
+    """Refuse a malformed top-level option: rho, scale, seed, threads, batch_size, diagnostics, sampling.
+
+    rho becomes a float here, so ``rho=0`` and ``rho=0.0`` are one run everywhere downstream.
+    """
     check_rho(cfg.rho)
+    cfg.rho = canonical_rho(cfg.rho)
     if cfg.scale not in SCALES:
         raise ValueError(f"scale={cfg.scale!r} is not a scale — use scale=cluster or scale=cpu")
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
@@ -72,75 +88,25 @@ def check_top_level(cfg: DictConfig) -> None:
             f"diagnostics=true traces one sequence at a time and batch_size={cfg.batch_size} decodes several"
             " — use batch_size=1 with diagnostics"
         )
-    Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True))
-
-
-def _checkpoint_digests(params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` with ``<key>_sha256`` beside every ``checkpoint``-named field that points at a file."""
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        out[key] = _checkpoint_digests(value) if isinstance(value, dict) else value
-        if key.endswith("checkpoint") and isinstance(value, str) and Path(value).is_file():
-            out[f"{key}_sha256"] = file_sha256(value)
-    return out
-
-
-@dataclass
-class Identity:
-    """What a run id is computed from, kept in full in every record and in provenance.
-
-    Parameters:
-        model: the model's outputs-relevant fields on its device (``ModelSpec.identity``),
-            empty for tasks that need no model.
-        model_variant: what of those differs from the preset on a CPU (hashed into the run id).
-        method: every method parameter, checkpoint digests, the diagnostics switch.
-        task: the task's protocol, plus sampling when not greedy.
-    """
-
-    model: dict[str, Any]
-    model_variant: dict[str, Any]
-    method: dict[str, Any]
-    task: dict[str, Any]
-
-    def fields(self) -> dict[str, Any]:
-        return {"model": self.model, "method": self.method, "task": self.task}
-
-
-def identify(cfg: DictConfig, task: Task, spec: ModelSpec | None) -> tuple[RunId, Identity]:
-    """The run id of ``cfg`` and what it is computed from (``harness.schema`` has the format)."""
-    method = _checkpoint_digests(OmegaConf.to_container(cfg.method, resolve=True))
-    method.pop("name", None)
-    if cfg.diagnostics:
-        method["diagnostics"] = True
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
-    task_identity = dict(task.identity())
-    if sampling["temperature"] > 0:
-        task_identity["sampling"] = sampling
-    if spec is None:
-        identity = Identity({}, {}, method, task_identity)
-        model_name = "world"
-    else:
-        device = resolve_device(spec.device)
-        variant = spec.differences(model_spec(spec.name), device)
-        identity = Identity(spec.identity(device), variant, method, task_identity)
-        model_name = spec.name
-    run = RunId(
-        model=model_name,
-        model_params=digest(identity.model_variant) if identity.model_variant else None,
-        method=cfg.method.name,
-        method_params=digest(method),
-        task=task.name,
-        task_params=digest(task_identity),
-        rho=str(cfg.rho),
-        seed=str(cfg.seed),
-    )
-    return run, identity
+    unknown = sorted(set(sampling) - {field.name for field in dataclasses.fields(Sampling)})
+    if unknown:
+        raise ValueError(f"sampling.{unknown[0]} is not a sampling option — use temperature, top_k or top_p")
+    Sampling(**sampling)
 
 
-def run_id(cfg: DictConfig, task: Task) -> str:
-    """The run id ``cfg`` runs under."""
-    spec = None if task.protocol is TaskProtocol.WORLD else ModelSpec.from_config(cfg.model)
-    return str(identify(cfg, task, spec)[0])
+def check_options(cfg: DictConfig, overrides: list[str] | None) -> None:
+    """Refuse an option nothing reads: an appended top-level key, a key its node's class does not take.
+
+    ``overrides`` are the command line's (None where they are not known).
+    """
+    if overrides is not None:
+        base = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
+        keys = [k for k in base if k != "defaults"]
+        keys += [next(iter(entry)) for entry in base["defaults"] if isinstance(entry, dict)]
+        check_appended(overrides, cfg, keys, [path.name for path in CONF_DIR.iterdir() if path.is_dir()])
+    check_fields(cfg.task, "task")
+    check_fields(cfg.method, "method")
 
 
 def example_seed(seed: int, example_id: str) -> int:
@@ -217,6 +183,7 @@ def make_record(
     if outcome.get("decode_tokens_per_s") is None and outcome["decode_s"] > 0:
         outcome["decode_tokens_per_s"] = decode_steps / outcome["decode_s"]
     record = {
+        "schema_version": SCHEMA_VERSION,
         "run_id": str(run),
         "model": run.model,
         "method": cfg.method.name,
@@ -261,20 +228,34 @@ class Plan:
     folder: Path
 
 
-def prepare(cfg: DictConfig) -> Plan:
-    """Everything a user can get wrong, checked in order; raises ``UserError`` with the fix."""
+def prepare(cfg: DictConfig, overrides: list[str] | None = None) -> Plan:
+    """Everything a user can get wrong, checked in order; raises ``UserError`` with the fix.
+
+    ``overrides`` are the command line's, when known (an appended option nothing reads is refused).
+    """
     with user_errors():
         check_top_level(cfg)
+        check_options(cfg, overrides)
         results = _writable(Path(cfg.results_dir), "results_dir")
         task: Task = instantiate(cfg.task)
+        check_types(task, "task")
         method: EvictionMethod = instantiate(cfg.method)
+        check_types(method, "method")
         spec = None if task.protocol is TaskProtocol.WORLD else ModelSpec.from_config(cfg.model)
         tokenizer = model_config = None
         if spec is not None:
+            check_device(spec)
             tokenizer = load_tokenizer(spec)
             model_config = load_config(spec)
             kv_cache.check_layers(model_config, spec.name)
+            check_buildable(model_config, spec)
         run, identity = identify(cfg, task, spec)
+        older = older_folders(results, run)
+        if older:
+            raise UserError(
+                f"{older[0]} holds records of this run under an older run id (schema version"
+                f" {SCHEMA_VERSION} names it {run}) — re-identify it with `{MIGRATE} {results}`, or move it away"
+            )
         examples = task.examples(tokenizer)
         if model_config is not None:
             for example in examples:
@@ -388,12 +369,25 @@ def model_runner(
     return run_all, model
 
 
-def _check_recorded(records: RecordFile, identity: Identity) -> None:
-    """Refuse to add records to a folder whose records came from another identity (an edited preset)."""
+def _check_recorded(records: RecordFile, identity: Identity, batch_size: int) -> None:
+    """Refuse to add records to a folder whose records came from another identity.
+
+    An older record (schema version below today's) made under the same identity and batch size
+    is read as it is; any other difference means the folder belongs to another run under
+    today's rules (``python -m harness.migrate`` moves it there), or that a preset was edited.
+    """
     for record in records.records():
         recorded = record.get("identity")
-        if recorded is None or recorded == identity.fields():
+        older = record_version(record) < SCHEMA_VERSION
+        decoded_at = (record.get("meta") or {}).get("batch_size", 1)
+        if recorded is None or (recorded == identity.fields() and (not older or decoded_at == batch_size)):
             continue
+        if older:
+            raise UserError(
+                f"{records.path} holds records of schema version {record_version(record)}, which today's rules"
+                f" (version {SCHEMA_VERSION}) give another run id — re-identify them with"
+                f" `{MIGRATE} {records.path.parent.parent}`, or move that folder away"
+            )
         mine, theirs = _flat(identity.fields()), _flat(recorded)
         key = next(k for k in sorted(mine.keys() | theirs.keys()) if mine.get(k) != theirs.get(k))
         raise UserError(
@@ -411,25 +405,32 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def execute(cfg: DictConfig) -> dict[str, Any]:
-    """Run one configuration to completion (resuming) and return its summary."""
-    plan = prepare(cfg)
+def execute(cfg: DictConfig, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Run one configuration to completion (resuming) and return its summary.
+
+    The run folder is made and locked in one step (``RunLock``); a run that ends without a
+    record removes it again while still holding the lock, so a second process on the same run
+    can neither remove the folder the first is writing nor write into one being removed.
+    Only the records' own problems (another writer, a corrupt or duplicate line) are the
+    user's to fix here: any other error is internal and keeps its traceback.
+    """
+    plan = prepare(cfg, overrides)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    created = not plan.folder.exists()
-    plan.folder.mkdir(parents=True, exist_ok=True)
     try:
-        with user_errors(), RunLock(plan.folder):
-            return _run(plan)
-    finally:
-        if created and not (plan.folder / "records.jsonl").exists():
-            shutil.rmtree(plan.folder, ignore_errors=True)
+        with RunLock(plan.folder) as lock:
+            try:
+                return _run(plan)
+            finally:
+                lock.discard_unrecorded()
+    except (RunBusyError, CorruptRecordsError, DuplicateRecordError) as error:
+        raise UserError(str(error)) from error
 
 
 def _run(plan: Plan) -> dict[str, Any]:
     cfg, task, run, folder = plan.cfg, plan.task, plan.run, plan.folder
     records = RecordFile(folder / "records.jsonl")
-    _check_recorded(records, plan.identity)
+    _check_recorded(records, plan.identity, cfg.batch_size)
     diagnostics = CompanionFile(folder / DIAGNOSTICS_FILE, records) if cfg.diagnostics else None
     todo = [example for example in plan.examples if example.example_id not in records]
     log.info("%s: %d examples, %d already recorded, %d to run", run, len(plan.examples), len(records), len(todo))
@@ -471,13 +472,17 @@ def _run(plan: Plan) -> dict[str, Any]:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> dict[str, Any]:
+    hydra_config = HydraConfig.get()
     try:
-        return execute(cfg)
+        return execute(cfg, list(hydra_config.overrides.task))
     except UserError as error:
         # A sweep goes on with its other jobs and reports the first failure at the end; a single
-        # run stops here, before Hydra adds its own report of the failed job.
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+        # run stops here, before Hydra adds its own report of the failed job, unless the user
+        # asked for the traceback behind the line (HYDRA_FULL_ERROR=1).
+        if hydra_config.mode == RunMode.MULTIRUN:
             log.error("error: %s", error)
+            raise
+        if show_tracebacks():
             raise
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

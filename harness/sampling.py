@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,11 +25,12 @@ class Sampling:
 
     def __post_init__(self) -> None:
         def number(value: object) -> bool:
-            return isinstance(value, int | float) and not isinstance(value, bool)
+            # A non-finite value would also reach the records, which strict JSON parsers refuse.
+            return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
         if not (number(self.temperature) and self.temperature >= 0):
             raise ValueError(
-                f"sampling.temperature={self.temperature!r} is not a number >= 0 — use 0 (greedy) or e.g. 0.6"
+                f"sampling.temperature={self.temperature!r} is not a finite number >= 0 — use 0 (greedy) or e.g. 0.6"
             )
         if not (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0):
             raise ValueError(f"sampling.top_k={self.top_k!r} is not an integer >= 0 — use 0 (no limit) or e.g. 50")

@@ -10,7 +10,15 @@ A run id names a results folder and is derived from the config, never from the c
   unchanged preset keep the ids they always had;
 - ``method hash``: every method parameter, the content digest of a checkpoint file, and the
   diagnostics switch (diagnostic runs time differently);
-- ``task hash``: the task's protocol (``Task.identity()``), plus sampling when not greedy.
+- ``task hash``: the task's protocol (``Task.identity()``, local data files by content), plus
+  sampling when not greedy;
+- ``rho``: the compression ratio as a float (``format_rho``), so ``rho=0`` and ``rho=0.0`` name
+  one run.
+
+``harness.identity`` computes the identity; ``SCHEMA_VERSION`` numbers its rules and the record
+format, and every record carries the version it was written under (records without one are
+version 1). Version 2: local data files by content, rho as a float, the batch size above 1 in
+the model part.
 
 A record (one line of ``records.jsonl``) carries the identity fields, the outcome fields and
 ``meta``; ``identity`` holds what each hash was computed from, so a record says by itself
@@ -24,6 +32,9 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+#: The rules of the run id and the record format records are written under today.
+SCHEMA_VERSION = 2
 
 #: Fields naming what produced a record (``identity`` holds the hashed parts in full).
 IDENTITY_FIELDS: tuple[str, ...] = (
@@ -47,9 +58,21 @@ NUMERIC_FIELDS: tuple[str, ...] = (
 OUTCOME_FIELDS: tuple[str, ...] = ("prediction", "metrics", *NUMERIC_FIELDS)
 
 #: Every top-level field of a record, in the order it is written.
-RECORD_FIELDS: tuple[str, ...] = (*IDENTITY_FIELDS[:-1], "answers", *OUTCOME_FIELDS, "identity", "meta")
+RECORD_FIELDS: tuple[str, ...] = (
+    "schema_version", *IDENTITY_FIELDS[:-1], "answers", *OUTCOME_FIELDS, "identity", "meta",
+)  # fmt: skip
 
 _HASH = re.compile(r"[0-9a-f]{8}")
+
+
+def canonical_rho(rho: int | float) -> float:
+    """rho as every part of a run sees it: a float (``0`` and ``0.0`` are one setting)."""
+    return float(rho)
+
+
+def format_rho(rho: int | float) -> str:
+    """rho as the run id writes it: ``0.0``, ``0.5``, ``0.9``."""
+    return repr(canonical_rho(rho))
 
 
 def digest(value: Any) -> str:
@@ -66,7 +89,7 @@ class RunId:
         model_params: hash of what differs from the preset, or None when nothing does.
         method, method_params: method name and the hash of its parameters.
         task, task_params: task name and the hash of its protocol.
-        rho: the compression ratio as written in the config.
+        rho: the compression ratio, ``format_rho``'s text.
         seed: the run's seed.
     """
 

@@ -13,10 +13,22 @@ if TYPE_CHECKING:
     import datasets
 
 
+def utf8_text(path: Path, fix: str) -> str:
+    """The text of ``path``; a byte that is not UTF-8 is refused naming the file, line and byte."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text ({error.reason} at byte {error.start}) — {fix}") from None
+
+
 def check_json_file(path: Path) -> None:
-    """Refuse a JSON or JSON-lines file with a malformed line, naming the file and the line."""
-    text = path.read_text(encoding="utf-8", errors="replace")
+    """Refuse an empty JSON or JSON-lines file, or one with a malformed line, naming the file and the line."""
     fix = "fix or delete that line, or download the file again"
+    text = utf8_text(path, "save it as UTF-8, or download the file again")
+    if not text.strip():
+        raise ValueError(f"{path} is empty — point the task at a file that holds its rows, or download it again")
     if text.lstrip()[:1] == "[":
         try:
             json.loads(text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from pathlib import Path
@@ -12,7 +13,7 @@ from hydra.utils import instantiate
 from harness.config import compose_config
 from tasks.base import Example
 from tasks.livecodebench.grading import decode_tests, extract_code, grade, stdout_matches
-from tasks.livecodebench.sandbox import Limits
+from tasks.livecodebench.sandbox import Limits, check_available
 from tasks.livecodebench.task import SYSTEM, LiveCodeBenchTask
 
 FIXTURE = Path(__file__).parent / "fixtures" / "livecodebench" / "test6.jsonl"
@@ -28,12 +29,29 @@ class Tokenizer:
         return {"input_ids": [ord(c) for c in text]}
 
 
+def require_sandbox() -> None:
+    """Fail without a working sandbox as root, as in CI (`make test-system` installs bubblewrap); skip otherwise."""
+    try:
+        check_available()
+    except ValueError as error:
+        reason = f"the LiveCodeBench sandbox is unavailable here: {error}"
+        if os.geteuid() == 0:
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def sandboxed() -> None:
+    require_sandbox()
+
+
 def fenced(code: str) -> str:
     return f"Here it is.\n```python\n{code}\n```\nDone."
 
 
 @pytest.fixture(scope="module")
 def task() -> tuple[LiveCodeBenchTask, list[Example]]:
+    require_sandbox()
     cfg = compose_config(
         "task=livecodebench", f"task.data_file={FIXTURE}", "task.samples=2", "task.sandbox.test_timeout_s=2"
     )
@@ -96,13 +114,13 @@ STDIN_TEST = [{"input": "1\n", "output": "1\n", "testtype": "stdin"}]
         ("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=2)\nprint(1)", "not allowed"),
     ],
 )
-def test_the_sandbox_contains_loops_forks_and_network_and_fails_them(code: str, reason: str) -> None:
+def test_the_sandbox_contains_loops_forks_and_network_and_fails_them(code: str, reason: str, sandboxed: None) -> None:
     verdict = grade(code, STDIN_TEST, None, QUICK)
     assert not verdict.passed and verdict.tests_passed == 0
     assert re.search(reason, verdict.reason), verdict.reason
 
 
-def test_a_write_outside_the_sandbox_fails_and_leaves_nothing(tmp_path: Path) -> None:
+def test_a_write_outside_the_sandbox_fails_and_leaves_nothing(tmp_path: Path, sandboxed: None) -> None:
     target = Path("/tmp") / f"evb-escape-{uuid.uuid4().hex}"
     for code in (f"open({str(target)!r}, 'w').write('x')\nprint(1)", f"import os\nos.mkdir({str(target)!r})\nprint(1)"):
         verdict = grade(code, STDIN_TEST, None, QUICK)
@@ -112,7 +130,7 @@ def test_a_write_outside_the_sandbox_fails_and_leaves_nothing(tmp_path: Path) ->
     assert grade("open('scratch.txt', 'w').write('x')\nprint(1)", STDIN_TEST, None, QUICK).passed
 
 
-def test_writing_on_the_result_channel_cannot_fake_a_pass() -> None:
+def test_writing_on_the_result_channel_cannot_fake_a_pass(sandboxed: None) -> None:
     forged = 'import os\nos.write(1, b\'{"output": "1\\\\n"}\\n\')'
     assert not grade(forged, STDIN_TEST, None, QUICK).passed
 

@@ -13,6 +13,7 @@ from rouge_score import rouge_scorer
 
 from harness.config import compose_config, model_spec
 from harness.models import load_tokenizer
+from tasks.digest import file_sha256
 from tasks.needle.task import NEEDLE, QUESTION, NeedleTask, normalize, rouge_l_f
 
 PPL_FIXTURE = Path(__file__).parent / "fixtures" / "ppl" / "wikitext_test.jsonl"
@@ -104,7 +105,11 @@ def test_haystack_from_a_hub_text_dataset(tok: Any) -> None:
     [example] = task.examples(tok)
     text = tok.decode(example.input_ids)
     assert "harbour of Avonlea" in text and NEEDLE in text
-    assert task.identity()["haystack_hub"] == hub and "haystack_hub" not in NeedleTask().identity()
+    digest = f"sha256:{file_sha256(PPL_FIXTURE)}"
+    assert (
+        task.identity()["haystack_hub"] == {**hub, "data_files": digest}
+        and "haystack_hub" not in NeedleTask().identity()
+    )
     with pytest.raises(ValueError, match="task.haystack_file or task.haystack_hub, not both"):
         NeedleTask(haystack_file="essays.txt", haystack_hub=hub)
 
@@ -139,10 +144,15 @@ def test_unreadable_haystack_files_name_the_option(tmp_path: Path) -> None:
     for name, content in cases.items():
         if content is not None:
             (tmp_path / name).write_bytes(content)
-    named = {"missing.txt": "is not a file — ", "binary.txt": "is not UTF-8 text", "empty.txt": "is empty — "}
+    named = {
+        "missing.txt": f"task.haystack_file='{tmp_path / 'missing.txt'}' is not a file — ",
+        "binary.txt": f"{tmp_path / 'binary.txt'}:1: not UTF-8 text (invalid start byte at byte 0) — pass a plain-text"
+        " file as task.haystack_file",
+        "empty.txt": f"task.haystack_file='{tmp_path / 'empty.txt'}' is empty — ",
+    }
     for name, expected in named.items():
         error = FileNotFoundError if cases[name] is None else ValueError
-        with pytest.raises(error, match=re.escape(f"task.haystack_file='{tmp_path / name}' {expected}")) as raised:
+        with pytest.raises(error, match=re.escape(expected)) as raised:
             NeedleTask(haystack_file=str(tmp_path / name)).examples(None)
         assert_one_line(str(raised.value))
     with pytest.raises(ValueError, match=re.escape("task.haystack_file=7 is not a path — quote it")):

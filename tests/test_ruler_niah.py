@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from harness.config import model_spec
 from harness.models import load_tokenizer
+from tasks.digest import file_sha256
 from tasks.ruler.niah import NEEDLE, NOISE, SUBTASKS, TOKENS_TO_GENERATE
 from tasks.ruler.scoring import string_match_all, string_match_part
 from tasks.ruler.task import RulerTask
@@ -203,6 +204,6 @@ def test_essay_haystack_from_a_hub_text_dataset(tok) -> None:
     task = RulerTask(tasks=["niah_single_2"], lengths=[512], n=1, haystack_hub=hub)
     [example] = task.examples(tok)
     assert "harbour of Avonlea" in tok.decode(example.input_ids)
-    assert task.identity()["haystack_hub"] == hub
+    assert task.identity()["haystack_hub"] == {**hub, "data_files": f"sha256:{file_sha256(fixture)}"}
     with pytest.raises(ValueError, match="task.haystack_file or task.haystack_hub, not both"):
         RulerTask(haystack_file="essays.txt", haystack_hub=hub)

@@ -14,6 +14,7 @@ from conftest import assert_one_line
 
 from harness.config import compose_config, model_spec
 from harness.models import load_tokenizer
+from tasks.digest import file_sha256
 from tasks.ruler import common_words, freq_words, qa, variable_tracking
 from tasks.ruler.task import PAPER, RulerTask
 
@@ -237,9 +238,10 @@ def test_paper_preset_and_hydra() -> None:
     task = hydra.utils.instantiate(cfg.task)
     assert task.tasks == list(PAPER) and task.lengths == [1024, 2048] and task.n == 3
     assert task.identity() == {"seed": 42, "chat_template": True, "haystack_file": None}
-    cfg = compose_config("task=ruler", "task.tasks=[qa_1]", "task.data_files.qa_1=/data/squad.jsonl")
+    squad = Path(__file__).parent / "fixtures" / "ruler" / "squad_v2_validation.jsonl"
+    cfg = compose_config("task=ruler", "task.tasks=[qa_1]", f"task.data_files.qa_1={squad}")
     task = hydra.utils.instantiate(cfg.task)
-    assert task.identity()["data_files"] == {"qa_1": "/data/squad.jsonl"}
+    assert task.identity()["data_files"] == {"qa_1": f"sha256:{file_sha256(squad)}"}
     with pytest.raises(ValueError, match="qa_3"):
         RulerTask(data_files={"qa_3": "x"})
 

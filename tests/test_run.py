@@ -13,7 +13,8 @@ from harness import run as harness_run
 from harness.analysis.report import runs_table
 from harness.config import compose_config
 from harness.errors import UserError
-from harness.run import execute, run_id
+from harness.identity import run_id
+from harness.run import execute
 from harness.schema import RECORD_FIELDS, RunId
 from methods.kvpop import CheckpointInfo, build_scorer, save_checkpoint
 

@@ -156,3 +156,78 @@ def test_runs_killed_at_random_moments_resume_to_unique_records(tmp_path, kills)
     assert ids == sorted(set(ids)) and len(ids) == 4
     assert [line["example_id"] for line in read_records(folder / "diagnostics.jsonl")] == ids
     tables_and_figures(tmp_path)
+
+
+# Both processes prepare the same run, then wait for each other just before the run folder is made; three
+# rounds, each on a fresh results folder, since where the other process is at that moment varies.
+RACER = """
+import sys, time
+from pathlib import Path
+from harness import run
+from harness.config import compose_config
+from harness.errors import UserError
+
+gate, name, rounds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+prepare = run.prepare
+
+
+def prepare_then_wait(*args):
+    plan = prepare(*args)
+    (gate / f"{plan.cfg.results_dir[-1]}{name}").touch()
+    while len(list(gate.glob(f"{plan.cfg.results_dir[-1]}*"))) < 2:
+        time.sleep(0.001)
+    return plan
+
+
+run.prepare = prepare_then_wait
+if name == "b":
+    # The refused process is slow to word its refusal: what it does after being refused then overlaps the writer's run.
+    from harness.records import RunLock
+
+    holder = RunLock.holder
+    RunLock.holder = lambda self: (time.sleep(0.5), holder(self))[1]
+for number in range(rounds):
+    try:
+        summary = run.execute(compose_config(*sys.argv[4:], f"results_dir={gate.parent}/results{number}"))
+        print("done", summary["n"])
+    except UserError as error:
+        print("refused", error)
+"""
+
+
+def test_two_processes_starting_one_run_together_lose_nothing(tmp_path):
+    gate, rounds = tmp_path / "gate", 3
+    gate.mkdir()
+    overrides = [*TINY[:-1], "task.n=3"]
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(gate), name, str(rounds), *overrides],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for name in ("a", "b")
+    ]
+    outcomes = [racer.communicate(timeout=600) for racer in racers]
+    for racer, (_, stderr) in zip(racers, outcomes, strict=True):
+        assert racer.returncode == 0, stderr[-3000:]
+    for number, lines in enumerate(zip(*(stdout.strip().splitlines() for stdout, _ in outcomes), strict=True)):
+        # One wrote the run, the other was told it is being written; the folder the writer used survived.
+        done, refused = sorted(lines)
+        assert done == "done 3" and refused.startswith("refused ") and "is being written by" in refused, lines
+        folder = run_folder(tmp_path / f"results{number}")
+        assert [r["example_id"] for r in read_records(folder / "records.jsonl")] == [
+            f"niah_single_1/512/{i:04d}" for i in range(3)
+        ]
+
+
+def test_an_internal_error_during_a_run_keeps_its_traceback(tmp_path, monkeypatch):
+    from harness import run
+
+    def broken(records):
+        raise FileNotFoundError("an internal file went missing")
+
+    monkeypatch.setattr(run, "summarize", broken)
+    with pytest.raises(FileNotFoundError, match="an internal file went missing"):
+        execute(compose_config(*TINY[:-1], "task.n=1", f"results_dir={tmp_path}"))

@@ -66,6 +66,10 @@ def files(folder: Path) -> dict[str, Path]:
     duplicate.mkdir(parents=True)
     line = json.dumps({"example_id": "a", "subtask": "s", "metrics": {"s": 1.0}}) + "\n"
     (duplicate / "records.jsonl").write_text(line + line)
+    out["empty"] = folder / "empty.jsonl"
+    out["empty"].write_text("")
+    out["latin1"] = folder / "latin1.jsonl"
+    out["latin1"].write_bytes(b'{"title": "a"}\n{"title": "caf\xe9"}\n')
     return out
 
 
@@ -89,7 +93,42 @@ def cases(f: dict[str, Path]) -> dict[str, Case]:
         ),
         "seed": Case(("seed=abc",), r"seed='abc' is not an integer — "),
         "threads": Case(("threads=abc",), r"threads='abc' is not a positive integer — "),
-        "temperature": Case(("sampling.temperature=hot",), r"sampling\.temperature='hot' is not a number >= 0 — "),
+        "temperature": Case(
+            ("sampling.temperature=hot",), r"sampling\.temperature='hot' is not a finite number >= 0 — "
+        ),
+        "infinite temperature": Case(
+            ("sampling.temperature=inf",), r"sampling\.temperature=inf is not a finite number"
+        ),
+        "unknown sampling option": Case(("+sampling.foo=1",), r"sampling\.foo is not a sampling option — "),
+        "misspelt appended field": Case(
+            ("+method.selection.sinkz=4",),
+            r"method\.selection\.sinkz is not an option of Selection — did you mean sinks\?",
+        ),
+        "misspelt appended task field": Case(
+            ("+task.lenghts=[1024]",), r"task\.lenghts is not an option of RulerTask — did you mean lengths\?"
+        ),
+        "misspelt appended option": Case(("+rhoo=0.5",), r"\+rhoo is not an option — did you mean rho\?"),
+        "empty results_dir": Case(("results_dir=",), r"results_dir='' is empty — set results_dir to a folder"),
+        "a device this torch lacks": Case(
+            ("model.device=cuda:7",), r"model\.device='cuda:7' cannot be used here: .* — use"
+        ),
+        "an empty vocabulary": Case(("model.config.vocab_size=0",), r"model\.config\.vocab_size=0 is not a positive"),
+        "KV heads that do not divide": Case(
+            ("model.config.num_key_value_heads=3",), r"num_key_value_heads=3 does not divide num_attention_heads=4"
+        ),
+        "an integer dtype": Case(("model.dtype=int8",), r"model\.dtype='int8' is not a floating-point dtype — "),
+        "a weight seed that is no number": Case(("model.seed=abc",), r"model\.seed='abc' is not an integer — "),
+        "a switch that is no boolean": Case(
+            ("task.chat_template=maybe",), r"task\.chat_template='maybe' is not true or false — "
+        ),
+        "vt too short": Case(("task.tasks=[vt]",), r"task\.lengths has 512, too short for vt: .* — use longer"),
+        "an empty data file": Case(
+            ("task=livecodebench", f"task.data_file={f['empty']}", "task.n=1"), rf"{f['empty']} is empty — ", base=MODEL
+        ),
+        "a data file that is not UTF-8": Case(
+            ("task.tasks=[qa_1]", f"task.data_files.qa_1={f['latin1']}"),
+            rf"{f['latin1']}:2: not UTF-8 text \(invalid continuation byte at byte 29\) — save it as UTF-8",
+        ),
         "top_p": Case(("sampling.top_p=2",), r"sampling\.top_p=2 is outside \(0, 1\] — "),
         "top_k": Case(("sampling.top_k=x",), r"sampling\.top_k='x' is not an integer >= 0 — "),
         "malformed dataset line": Case(
@@ -179,7 +218,11 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[Case, subprocess.CompletedProc
 
 
 # The case names, from inputs that need not exist.
-CASE_NAMES = list(cases(dict.fromkeys(("file", "bad_jsonl", "text_ckpt", "plain_ckpt", "foreign_ckpt"), Path("/x/y"))))
+CASE_NAMES = list(
+    cases(
+        dict.fromkeys(("file", "bad_jsonl", "text_ckpt", "plain_ckpt", "foreign_ckpt", "empty", "latin1"), Path("/x/y"))
+    )
+)
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)
@@ -194,6 +237,20 @@ def test_a_mistake_is_one_line_with_the_fix(name, outcomes):
     # Refused before anything ran: no run folder (only Hydra's hidden log folder may exist).
     if results.exists():
         assert [p.name for p in results.iterdir() if not p.name.startswith(".")] == []
+
+
+def test_an_empty_results_dir_writes_nothing_at_the_root():
+    assert not Path("/.hydra").exists()
+
+
+def test_hydra_full_error_shows_the_traceback_behind_the_line(tmp_path):
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "harness.run", *TINY, "rho=1.5", f"results_dir={tmp_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "rho=1.5 is outside [0, 1)" in result.stderr
 
 
 def test_a_single_value_for_a_list_option_is_a_list():

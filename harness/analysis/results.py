@@ -152,7 +152,8 @@ def load_results(root: Path | str = "results") -> pd.DataFrame:
     # not depend on which run was read first.
     extra = sorted(c for c in frame.columns if c not in BASE_COLUMNS)
     frame = frame[[*BASE_COLUMNS, *extra]]
-    for field in NUMERIC_FIELDS:
+    # A metric undefined for an example is null in the records (strict JSON): NaN here.
+    for field in ("score", *NUMERIC_FIELDS, *(c for c in frame.columns if c.startswith("metric."))):
         frame[field] = pd.to_numeric(frame[field], errors="coerce")
     return frame.reset_index(drop=True)
 
@@ -164,11 +165,11 @@ class MixedTimingsError(ValueError):
 def one_batch_size(rows: pd.DataFrame, what: str) -> pd.DataFrame:
     """``rows`` unchanged if every one was decoded at the same batch size; raises ``MixedTimingsError`` otherwise.
 
-    ``batch_size`` is not part of the run id (a batched record's outputs are batch 1's), so one run folder
-    can hold records decoded alone and records decoded in a batch. Their timings are not
-    comparable: a batched sequence's ``decode_s`` is the wall time of steps it shared. A
-    figure or cell that averages or compares timings (``what`` names it) calls this first.
-    Records made before batching existed carry no batch size and were decoded alone.
+    A batched run has its own run id (since schema version 2), but a figure may still select runs of
+    several batch sizes, and their timings are not comparable: a batched sequence's ``decode_s`` is
+    the wall time of steps it shared. A figure or cell that averages or compares timings (``what``
+    names it) calls this first. Records made before batching existed carry no batch size and were
+    decoded alone.
     """
     sizes = rows["meta.batch_size"].fillna(1) if "meta.batch_size" in rows else pd.Series(1, index=rows.index)
     if sizes.nunique() <= 1:

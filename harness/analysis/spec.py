@@ -190,16 +190,22 @@ def one_per_example(records: pd.DataFrame) -> pd.DataFrame:
     """At most one record per example: the full cache run at several rho counts once.
 
     Any other method selected twice for one example (two runs one label cannot tell apart, such
-    as a learned scorer with two checkpoints for one model) is an error naming the runs: keeping
-    either would make the cell depend on which folder sorted first.
+    as a learned scorer with two checkpoints for one model), and the full cache run under two model
+    variants (another dtype, another batch size), is an error naming the runs: keeping either would
+    make the cell depend on which folder sorted first.
     """
     if records.empty:
         return records
     duplicated = records.duplicated(list(PAIR_KEY), keep=False)
     if duplicated.any():
         clash = records[duplicated]
-        if "variant" in clash and (clash["variant"] != "full").any():
-            runs = sorted(clash.loc[clash["variant"] != "full", "run_id"].unique())
+        variants = (
+            clash.groupby(list(PAIR_KEY), dropna=False)["model_params"].nunique(dropna=False)
+            if "model_params" in clash
+            else pd.Series(dtype=int)
+        )
+        if ("variant" in clash and (clash["variant"] != "full").any()) or (variants > 1).any():
+            runs = sorted(clash["run_id"].unique())
             example = clash.iloc[0]["example_id"]
             raise DuplicateRecordError(
                 f"one table cell selects several records of example {example!r}, from runs {', '.join(runs)}"

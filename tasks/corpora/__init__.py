@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.hub import load_split
+from tasks.digest import content_digest
+from tasks.hub import load_split, utf8_text
 
 BUNDLED = Path(__file__).with_name("asv_genesis_numbers.txt")
 BUNDLED_NAME = "asv_genesis_numbers"
@@ -31,13 +32,7 @@ def read_text(path: str | None, option: str) -> str:
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"{option}={path!r} is not a file — pass an existing text file, {bundled}")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(
-            f"{option}={path!r} is not UTF-8 text ({error.reason} at byte {error.start}) — pass a plain-text file, "
-            f"{bundled}"
-        ) from None
+    text = utf8_text(file, f"pass a plain-text file as {option}, {bundled}")
     if not text.strip():
         raise ValueError(f"{option}={path!r} is empty — pass a file that holds text, {bundled}")
     return text
@@ -107,6 +102,11 @@ def checked_hub(file: str | None, hub: Mapping[str, Any] | None, file_option: st
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{hub_option}.{name}={value!r} is not a string — quote it: {hub_option}.{name}='{value}'")
     return fields
+
+
+def hub_identity(hub: Mapping[str, Any], option: str) -> dict[str, Any]:
+    """A hub text source as it enters a task's identity: a local ``data_files`` copy by its content."""
+    return {**hub, "data_files": content_digest(hub.get("data_files"), f"{option}.data_files")}
 
 
 def source_text(file: str | None, hub: Mapping[str, Any] | None, file_option: str, hub_option: str) -> str:

@@ -6,6 +6,11 @@ the sandbox.
   the run. Standard-input tests compare stripped output lines, exactly or as lists of decimals;
   functional (LeetCode) tests call ``Solution().<fn_name>(*args)`` with one JSON argument per
   input line and compare with the JSON output (a tuple counts as a list).
+- Each test runs in its own sandbox (``tasks.livecodebench.sandbox``), given only its input; the
+  comparison happens here, so no expected output ever reaches the code. One difference from
+  LiveCodeBench follows: nothing carries over from one test to the next (LiveCodeBench calls one
+  ``Solution()`` instance for all tests, and keeps module state between stdin tests), so neither
+  can a solution answer by the order of the tests.
 - Private tests are stored JSON, or base64 of zlib of a pickled JSON string; the pickle is read
   by an unpickler that resolves no class, so it can only ever yield plain data.
 """

@@ -1,23 +1,35 @@
-"""Runs one model-written solution on test inputs; executed inside the sandbox as ``python -I runner.py``.
+"""Runs one model-written solution on one test; executed inside the sandbox as ``python -I -B /runner.py``.
 
-Reads a JSON job on stdin: ``{"code", "mode" ("stdin" or "functional"), "fn_name", "inputs",
-"timeout", "root"}``. Before the solution runs, an audit hook (PEP 578) refuses what a solution
-never needs: sockets, new processes, signals to others, native libraries through ctypes, and
-writes outside ``root`` (the sandbox's temporary folder); the process limits and namespaces of
-``tasks.livecodebench.sandbox`` hold whatever gets past it. The solution is compiled as
-LiveCodeBench's ``testing_util`` does (its import preamble; stdin programs wrapped in a function
-called once per test with that test's input as stdin) and each test's result goes out as one JSON
-line on a private copy of the original stdout: ``{"output": ...}``, ``{"error": ...}`` or
-``{"timeout": true}``. Nothing is compared here: the harness compares, so the solution never sees
-an expected output.
+Reads a JSON job on stdin: ``{"code", "mode" ("stdin" or "functional"), "fn_name", "input",
+"timeout", "limits", "seccomp"}``. Before any of the solution runs, it confines itself, in this
+order, and refuses to go on when a step fails:
+
+1. its descriptors: the job is read, standard input and output become ``/dev/null`` (standard
+   error too, once the solution starts), and the result goes out on a copy of the original stdout;
+2. resource limits: CPU seconds, address space, file size, open files, threads, no core dumps;
+3. the seccomp filter the harness built (``sandbox.seccomp_program``), checked to be in force;
+4. an audit hook (PEP 578) that refuses sockets, new processes, signals, ctypes and writes outside
+   the working folder early and with a clear message. The solution can undo the hook; the filter,
+   the namespaces and the empty file system of ``tasks.livecodebench.sandbox`` it cannot.
+
+The solution is then compiled as LiveCodeBench's ``testing_util`` does (its import preamble; a
+stdin program wrapped in a function called with the test's input as stdin; a functional one
+called as ``Solution().<fn_name>(*args)``), and the one result goes out as a JSON line:
+``{"output": ...}``, ``{"error": ...}`` or ``{"timeout": true}``, after which the process ends at
+once. The solution can reach that copy too; the harness takes from each test's container only one
+clean line, so whatever it writes there answers at most the test it was given. Nothing is compared
+here: the expected output never enters the sandbox.
 """
 
 import ast
+import base64
 import builtins
 import contextlib
+import ctypes
 import io
 import json
 import os
+import resource
 import signal
 import sys
 
@@ -34,10 +46,40 @@ PREAMBLE = (
 FORBIDDEN_PREFIXES = ("socket.", "subprocess.", "os.exec", "os.spawn", "os.posix_spawn", "ctypes.", "os.kill")
 FORBIDDEN = {"os.fork", "os.forkpty", "os.system", "os.killpg", "os.setuid", "os.putenv", "os.unsetenv", "pty.spawn"}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+PR_SET_NO_NEW_PRIVS, PR_GET_SECCOMP, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 21, 22, 2
 
 
 class Refused(Exception):
     """A sandboxed solution asked for something the sandbox does not allow."""
+
+
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def limit(limits: dict) -> None:
+    """Lower this process's resource limits to the job's (lowering needs no privilege)."""
+    memory, size = limits["memory_mb"] << 20, limits["file_mb"] << 20
+    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"], limits["processes"]))
+
+
+def confine(program: bytes) -> None:
+    """Install the seccomp filter ``program`` (classic BPF) on this process and its future threads."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    code = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.addressof(code))
+    ulong = ctypes.c_ulong
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, ulong(1), ulong(0), ulong(0), ulong(0)) != 0:
+        raise OSError(ctypes.get_errno(), f"no_new_privs: {os.strerror(ctypes.get_errno())}")
+    if libc.prctl(PR_SET_SECCOMP, ulong(SECCOMP_MODE_FILTER), ctypes.byref(fprog), ulong(0), ulong(0)) != 0:
+        raise OSError(ctypes.get_errno(), f"seccomp: {os.strerror(ctypes.get_errno())}")
+    if libc.prctl(PR_GET_SECCOMP, ulong(0), ulong(0), ulong(0), ulong(0)) != SECCOMP_MODE_FILTER:
+        raise OSError("seccomp: the filter is not in force")
 
 
 def guard(root: str) -> None:
@@ -110,13 +152,14 @@ def on_alarm(signum: int, frame: object) -> None:
     raise Timeout
 
 
-def run(job: dict, send) -> None:
+def run(job: dict) -> dict:
+    """The outcome of the solution on the job's one test."""
     timeout = int(job["timeout"])
+    text = job["input"]
     signal.signal(signal.SIGALRM, on_alarm)
     namespace: dict = {"__name__": "solution"}
     functional = job["mode"] == "functional"
     source = PREAMBLE + "\n\n" + job["code"] if functional else as_function(unwrap_main(job["code"]))
-    real_open = builtins.open
     signal.alarm(timeout)
     try:
         exec(compile(source, "solution.py", "exec"), namespace)
@@ -125,58 +168,55 @@ def run(job: dict, send) -> None:
             method = getattr(holder, job["fn_name"]) if holder is not None else namespace[job["fn_name"]]
         else:
             method = namespace["wrapped_function"]
+    except Timeout:
+        return {"timeout": True}
     except BaseException as error:  # the solution's own failure to compile or define what is tested
+        return {"error": f"compile: {type(error).__name__}: {error}"}
+    finally:
         signal.alarm(0)
-        send({"error": f"compile: {type(error).__name__}: {error}"})
-        return
-    signal.alarm(0)
-    for text in job["inputs"]:
-        captured = io.StringIO()
-        stdin = io.StringIO(text)
-        sys.stdin, sys.stdout = stdin, captured
-        # open(0) and /dev/stdin read the test's input, as LiveCodeBench's mocked open does.
-        builtins.open = lambda file, *a, _text=text, **k: (
-            io.StringIO(_text) if file in (0, "/dev/stdin") else real_open(file, *a, **k)
-        )
-        signal.alarm(timeout)
-        try:
-            if functional:
-                arguments = [json.loads(line) for line in text.split("\n")]
-                result = method(*arguments)
-                result = list(result) if isinstance(result, tuple) else result
-            else:
-                with contextlib.suppress(SystemExit):
-                    method()
-                result = captured.getvalue()
-            signal.alarm(0)
-            outcome = {"output": result}
-        except Timeout:
-            outcome = {"timeout": True}
-        except BaseException as error:
-            signal.alarm(0)
-            outcome = {"error": f"{type(error).__name__}: {error}"}
-        finally:
-            signal.alarm(0)
-            builtins.open = real_open
-            sys.stdin, sys.stdout = sys.__stdin__, sys.__stdout__
-        send(outcome)
-        if "output" not in outcome:
-            return
+    captured = io.StringIO()
+    sys.stdin, sys.stdout = io.StringIO(text), captured
+    # open(0) and /dev/stdin read the test's input, as LiveCodeBench's mocked open does.
+    real_open = builtins.open
+    builtins.open = lambda file, *a, **k: io.StringIO(text) if file in (0, "/dev/stdin") else real_open(file, *a, **k)
+    signal.alarm(timeout)
+    try:
+        if functional:
+            result = method(*[json.loads(line) for line in text.split("\n")])
+            return {"output": list(result) if isinstance(result, tuple) else result}
+        with contextlib.suppress(SystemExit):
+            method()
+        return {"output": captured.getvalue()}
+    except Timeout:
+        return {"timeout": True}
+    except BaseException as error:
+        return {"error": f"{type(error).__name__}: {error}"}
+    finally:
+        signal.alarm(0)
+        builtins.open = real_open
+        sys.stdin, sys.stdout = sys.__stdin__, sys.__stdout__
 
 
 def main() -> None:
-    job = json.loads(sys.stdin.read())
+    job = json.loads(sys.stdin.buffer.read())
     channel = os.fdopen(os.dup(1), "w")
-    # Raw writes to descriptor 1 by the solution go nowhere; only the runner writes results.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-
-    def send(outcome: dict) -> None:
-        channel.write(json.dumps(outcome, default=repr) + "\n")
-        channel.flush()
-
-    guard(job["root"])
-    run(job, send)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)  # raw writes to descriptor 1 go nowhere, as in LiveCodeBench
+    os.close(devnull)
+    try:
+        limit(job["limits"])
+        confine(base64.b64decode(job["seccomp"]))
+    except (OSError, ValueError) as error:  # fail closed: no solution runs without every layer
+        outcome = {"error": f"sandbox: {error}"}
+    else:
+        guard(os.getcwd())
+        os.dup2(0, 2)  # from here on the solution runs; what it says on stderr is not the harness's business
+        outcome = run(job)
+    channel.write(json.dumps(outcome, default=repr) + "\n")
+    channel.flush()
+    # Nothing of the solution (a thread, an atexit handler) runs after its result is out.
+    os._exit(0)
 
 
 if __name__ == "__main__":

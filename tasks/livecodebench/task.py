@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from tasks.base import Example, Task, as_list, require_int, require_str
+from tasks.digest import content_digest
 from tasks.hub import load_rows
 from tasks.livecodebench.grading import decode_tests, extract_code, grade
-from tasks.livecodebench.sandbox import Limits
+from tasks.livecodebench.sandbox import Limits, check_available
 from tasks.math.task import encode
 
 HUB_ID = "livecodebench/code_generation_lite"
@@ -86,7 +87,7 @@ class LiveCodeBenchTask(Task):
     def identity(self) -> dict[str, Any]:
         return {
             "source": f"{HUB_ID}@{self.revision}:{','.join(self.files)}",
-            "data_file": self.data_file,
+            "data_file": content_digest(self.data_file, "task.data_file"),
             "system": SYSTEM,
             "max_new_tokens": self.max_new_tokens,
             "thinking": self.thinking,
@@ -117,6 +118,8 @@ class LiveCodeBenchTask(Task):
         return rows if self.n is None else rows[: self.n]
 
     def examples(self, tokenizer: Any) -> list[Example]:
+        # Before the model loads: without a sandbox that holds (and hides the data) nothing is graded.
+        check_available(*([self.data_file] if self.data_file is not None else []))
         examples = []
         for row in self.problems():
             question = str(row["question_id"])

@@ -43,6 +43,7 @@ from lm_eval.tasks import TaskManager
 from lm_eval.tasks._factory import TaskFactory
 
 from tasks.base import Call, CallResult, Example, Scored, Task, TaskProtocol, as_dict, as_list, require_int, require_str
+from tasks.digest import content_digests
 from tasks.hub import offline_unless_reachable, unavailable_reason
 from tasks.lm_eval.requests import LmEvalRequests, ranked_documents
 
@@ -159,7 +160,7 @@ class LmEvalTask(Task):
             "gen_kwargs": self.gen_kwargs,
             "metadata": self.metadata,
             "max_length": self.max_length,
-            "data_files": self.data_files,
+            "data_files": content_digests(self.data_files, "task.data_files"),
             "revisions": self.revisions,
         }
         if self.include_path is not None:

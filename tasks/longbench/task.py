@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tasks.base import Example, Task, as_list, require_int, require_once, require_str
+from tasks.digest import content_digest
 from tasks.hub import load_rows
 from tasks.longbench import metrics
 from tasks.longbench.prompting import encode, truncate_middle
@@ -84,7 +85,7 @@ class LongBenchTask(Task):
             "chat_template": self.chat_template,
             "hub_id": self.hub_id,
             "revision": self.revision,
-            "data_dir": self.data_dir,
+            "data_dir": content_digest(self.data_dir, "task.data_dir"),
         }
 
     def how_to_get(self, dataset: str) -> str:

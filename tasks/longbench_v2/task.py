@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from tasks.base import Example, Task, TaskProtocol, require_int, require_str
+from tasks.digest import content_digest
 from tasks.hub import load_rows
 from tasks.longbench.prompting import encode, truncate_middle
 from tasks.longbench_v2.protocol import (
@@ -103,7 +104,7 @@ class LongBenchV2Task(Task):
             "chat_template": self.chat_template,
             "hub_id": self.hub_id,
             "revision": self.revision,
-            "data_dir": self.data_dir,
+            "data_dir": content_digest(self.data_dir, "task.data_dir"),
         }
 
     def how_to_get(self) -> str:

@@ -24,6 +24,7 @@ from statistics import fmean
 from typing import Any
 
 from tasks.base import Example, Task, as_dict, as_list, require_int, require_str
+from tasks.digest import content_digest
 from tasks.hub import load_rows
 from tasks.math.answers import extract_answer, is_equivalent
 from tasks.math.sources import SOURCES, Source
@@ -148,7 +149,7 @@ class MathTask(Task):
             "instruction": INSTRUCTION,
             "max_new_tokens": self.max_new_tokens,
             "thinking": self.thinking,
-            "data_file": self.data_file,
+            "data_file": content_digest(self.data_file, "task.data_file"),
             "sources": {name: f"{self.source(name).hub_id}@{self.source(name).revision}" for name in SOURCES},
         }
 

@@ -25,7 +25,8 @@ from typing import Any, ClassVar
 from rouge_score import rouge_scorer
 
 from tasks.base import Example, Task, as_list, require_int, require_lengths, require_once, require_str
-from tasks.corpora import checked_hub, source_text
+from tasks.corpora import checked_hub, hub_identity, source_text
+from tasks.digest import content_digest
 from tasks.ruler.fit import Sample, encode_sample, fit_size, search_size
 from tasks.ruler.niah import essay_words, split_sentences
 from tasks.ruler.task import make_encoder
@@ -148,14 +149,14 @@ class NeedleTask(Task):
         identity: dict[str, Any] = {
             "seed": self.seed,
             "chat_template": self.chat_template,
-            "haystack_file": self.haystack_file,
+            "haystack_file": content_digest(self.haystack_file, "task.haystack_file"),
             "needle": self.needle,
             "question": self.question,
             "max_new_tokens": self.max_new_tokens,
         }
         # Only when set, so runs from before the option keep their run ids.
         if self.haystack_hub is not None:
-            identity["haystack_hub"] = self.haystack_hub
+            identity["haystack_hub"] = hub_identity(self.haystack_hub, "task.haystack_hub")
         return identity
 
     def _build(self, corpus: _Corpus, length: int, index: int, depth: float, num: int, _: Any) -> Sample:

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tasks.base import Example, Task, TaskProtocol, require_int
-from tasks.corpora import BUNDLED_NAME, checked_hub, source_text
+from tasks.corpora import BUNDLED_NAME, checked_hub, hub_identity, source_text
+from tasks.digest import content_digest
 
 
 @dataclass
@@ -57,7 +58,10 @@ class PerplexityTask(Task):
         return TaskProtocol.TEACHER_FORCED
 
     def identity(self) -> dict[str, Any]:
-        source: Any = self.hub or self.text_file or BUNDLED_NAME
+        if self.hub is not None:
+            source: Any = hub_identity(self.hub, "task.hub")
+        else:
+            source = content_digest(self.text_file, "task.text_file") or BUNDLED_NAME
         return {"source": source, "prefill": self.prefill, "eval_tokens": self.eval_tokens}
 
     def examples(self, tokenizer: Any) -> list[Example]:

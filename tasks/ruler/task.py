@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tasks.base import Example, Task, as_dict, as_list, require_int, require_lengths, require_once, require_str
-from tasks.corpora import checked_hub, source_text
+from tasks.corpora import checked_hub, hub_identity, source_text
+from tasks.digest import content_digest
 from tasks.ruler import common_words, freq_words, niah, qa, variable_tracking
 from tasks.ruler.fit import Encoder, Sample, encode_sample, fit_size, search_size
 from tasks.ruler.scoring import string_match_all, string_match_part
@@ -145,13 +146,14 @@ class RulerTask(Task):
         identity: dict[str, Any] = {
             "seed": self.seed,
             "chat_template": self.chat_template,
-            "haystack_file": self.haystack_file,
+            "haystack_file": content_digest(self.haystack_file, "task.haystack_file"),
         }
         if self.haystack_hub is not None:
-            identity["haystack_hub"] = self.haystack_hub
+            identity["haystack_hub"] = hub_identity(self.haystack_hub, "task.haystack_hub")
         # Only when set, so runs from before these options keep their run ids.
-        for option in ("data_files", "revisions"):
-            chosen = {key: value for key, value in getattr(self, option).items() if value is not None}
+        files = {key: content_digest(value, f"task.data_files.{key}") for key, value in self.data_files.items()}
+        for option, chosen in (("data_files", files), ("revisions", self.revisions)):
+            chosen = {key: value for key, value in chosen.items() if value is not None}
             if chosen:
                 identity[option] = chosen
         return identity
@@ -246,7 +248,11 @@ class RulerTask(Task):
         def cost(num: int) -> int:
             return len(encode_sample(encode, family.build(length, 0, num, search_rng)))
 
-        size = search_size(cost, budget, family.step(length), family.minimum(length, 0))
+        try:
+            size = search_size(cost, budget, family.step(length), family.minimum(length, 0))
+        except variable_tracking.TooFewLines:
+            # The search went below vt's shortest haystack: not even that fits.
+            size = None
         if size is None:
             raise ValueError(
                 f"task.lengths has {length!r}, too short for {subtask}: even the smallest haystack leaves no room "

@@ -38,6 +38,10 @@ EXAMPLE_LENGTH = 500
 EXAMPLE_STEP = 5
 
 
+class TooFewLines(ValueError):
+    """A haystack of fewer noise lines than a chain has assignments: the chain cannot be spread over it."""
+
+
 @dataclass(frozen=True)
 class VtConfig:
     """RULER's ``vt`` row of ``synthetic.yaml`` (noise haystack)."""
@@ -72,6 +76,8 @@ def _chains(config: VtConfig, name_len: int, rng: random.Random) -> tuple[list[l
 def _prompt(config: VtConfig, num_noise: int, name_len: int, rng: random.Random) -> tuple[str, str, list[str]]:
     groups, chains = _chains(config, name_len, rng)
     sentences = [NOISE] * num_noise
+    if num_noise < len(chains[0]):
+        raise TooFewLines(f"{num_noise} noise lines cannot hold a chain of {len(chains[0])} assignments")
     for chain in chains:
         positions = sorted(rng.sample(range(len(sentences)), len(chain)))
         # Shifting by j keeps the chain's lines in order among the lines inserted before them.

@@ -1,0 +1,171 @@
+"""What a run is: the identity a run id is computed from, and the run folders of older identities.
+
+``identify`` turns a composed config into a ``RunId`` (``harness.schema`` owns its format) and
+the ``Identity`` every record carries in full. Everything that changes an output is in it:
+
+- the model's outputs-relevant fields on its device, and the batch size when it is above 1:
+  a matrix product over several rows sums in another order than over one, so a batched
+  sequence's logits, scores and in principle its tokens differ in their last bits from batch
+  1's (a near-tie in a keep set can flip). Batch 1 adds nothing, so its ids are unchanged;
+- every method parameter, a checkpoint file's content, the diagnostics switch;
+- the task's protocol (local data files by their content, ``tasks.digest``), and sampling
+  when it is not greedy; rho and the seed have their own parts.
+
+A rule that changes (``SCHEMA_VERSION`` in ``harness.schema``) moves runs to new folders. The
+folder under the old rule is not left behind silently: ``older_folders`` finds it (the same
+model, method, task, rho and seed, whose records predate the rule and whose saved config,
+re-identified under today's rule, names this run) so the run refuses to start beside it and
+names the command that re-identifies it (``python -m harness.migrate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from harness.config import model_spec
+from harness.models import ModelSpec, resolve_device
+from harness.records import read_first_record, read_records
+from harness.schema import SCHEMA_VERSION, RunId, canonical_rho, digest, format_rho
+from tasks.base import Task, TaskProtocol
+from tasks.digest import file_sha256
+
+#: The command that re-identifies run folders made under an older rule.
+MIGRATE = "python -m harness.migrate"
+
+
+def _method_params(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as hashed: every ``rho`` a float (a saved config holds it resolved, as written), and
+    ``<key>_sha256`` beside every ``checkpoint``-named field that points at a file."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        out[key] = _method_params(value) if isinstance(value, dict) else value
+        if key == "rho" and isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = canonical_rho(value)
+        if key.endswith("checkpoint") and isinstance(value, str) and Path(value).is_file():
+            out[f"{key}_sha256"] = file_sha256(value)
+    return out
+
+
+@dataclass
+class Identity:
+    """What a run id is computed from, kept in full in every record and in provenance.
+
+    Parameters:
+        model: the model's outputs-relevant fields on its device (``ModelSpec.identity``), plus
+            ``batch_size`` above 1; empty for tasks that need no model.
+        model_variant: what of those differs from the preset on a CPU at batch 1 (hashed into the run id).
+        method: every method parameter, checkpoint digests, the diagnostics switch.
+        task: the task's protocol, plus sampling when not greedy.
+    """
+
+    model: dict[str, Any]
+    model_variant: dict[str, Any]
+    method: dict[str, Any]
+    task: dict[str, Any]
+
+    def fields(self) -> dict[str, Any]:
+        return {"model": self.model, "method": self.method, "task": self.task}
+
+
+def identify(cfg: DictConfig, task: Task, spec: ModelSpec | None) -> tuple[RunId, Identity]:
+    """The run id of ``cfg`` and what it is computed from (``harness.schema`` has the format).
+
+    ``cfg.rho`` is made canonical first, so the method parameters that interpolate it agree with the id.
+    """
+    cfg.rho = canonical_rho(cfg.rho)
+    method = _method_params(OmegaConf.to_container(cfg.method, resolve=True))
+    method.pop("name", None)
+    if cfg.diagnostics:
+        method["diagnostics"] = True
+    sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
+    task_identity = dict(task.identity())
+    if sampling["temperature"] > 0:
+        task_identity["sampling"] = sampling
+    if spec is None:
+        identity = Identity({}, {}, method, task_identity)
+        model_name = "world"
+    else:
+        device = resolve_device(spec.device)
+        variant = spec.differences(model_spec(spec.name), device)
+        model = spec.identity(device)
+        if cfg.batch_size > 1:
+            variant["batch_size"] = model["batch_size"] = cfg.batch_size
+        identity = Identity(model, variant, method, task_identity)
+        model_name = spec.name
+    run = RunId(
+        model=model_name,
+        model_params=digest(identity.model_variant) if identity.model_variant else None,
+        method=cfg.method.name,
+        method_params=digest(method),
+        task=task.name,
+        task_params=digest(task_identity),
+        rho=format_rho(cfg.rho),
+        seed=str(cfg.seed),
+    )
+    return run, identity
+
+
+def run_id(cfg: DictConfig, task: Task) -> str:
+    """The run id ``cfg`` runs under."""
+    spec = None if task.protocol is TaskProtocol.WORLD else ModelSpec.from_config(cfg.model)
+    return str(identify(cfg, task, spec)[0])
+
+
+def saved_config(folder: Path) -> DictConfig:
+    """The resolved config a run folder was last run with, rho in its canonical form."""
+    cfg = OmegaConf.load(folder / "config.yaml")
+    cfg.rho = canonical_rho(cfg.rho)
+    cfg.setdefault("batch_size", 1)
+    return cfg
+
+
+def reidentify(folder: Path, batch_size: int) -> tuple[RunId, Identity]:
+    """The run id and identity of ``folder``'s runs at ``batch_size``, under today's rules, from its ``config.yaml``."""
+    cfg = saved_config(folder)
+    cfg.batch_size = batch_size
+    task: Task = instantiate(cfg.task)
+    spec = None if task.protocol is TaskProtocol.WORLD else ModelSpec.from_config(cfg.model)
+    return identify(cfg, task, spec)
+
+
+def record_version(record: dict[str, Any]) -> int:
+    """The schema version a record was written under (1: before records carried one)."""
+    return int(record.get("schema_version", 1))
+
+
+def older_folders(results: Path, run: RunId) -> list[Path]:
+    """Run folders under ``results`` made under an older rule whose records belong to ``run`` today.
+
+    Only folders of the same model, method, task, rho and seed whose first record predates
+    ``SCHEMA_VERSION`` are re-identified (from their ``config.yaml``), so a large results root costs
+    a directory listing and a few reads.
+    """
+    found = []
+    for folder in sorted(results.glob("*/records.jsonl")):
+        folder = folder.parent
+        if folder.name == str(run) or folder.name.startswith("."):
+            continue
+        try:
+            other = RunId.parse(folder.name)
+        except ValueError:
+            continue
+        if (other.model, other.method, other.task, other.seed) != (run.model, run.method, run.task, run.seed):
+            continue
+        if canonical_rho(float(other.rho)) != canonical_rho(float(run.rho)):
+            continue
+        first = read_first_record(folder / "records.jsonl")
+        if first is None or record_version(first) >= SCHEMA_VERSION or not (folder / "config.yaml").is_file():
+            continue
+        if str(run) in {str(reidentify(folder, size)[0]) for size in batch_sizes(folder)}:
+            found.append(folder)
+    return found
+
+
+def batch_sizes(folder: Path) -> set[int]:
+    """The batch sizes the records of ``folder`` were decoded at (1 before records said)."""
+    return {int((r.get("meta") or {}).get("batch_size", 1)) for r in read_records(folder / "records.jsonl")} or {1}
