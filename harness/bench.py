@@ -33,7 +33,7 @@ import torch
 from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
-from harness.engine import Engine, Request
+from harness.decode.engine import Engine, Request
 from harness.errors import cli
 from harness.models import load_model, load_tokenizer
 from methods.base import EvictionMethod
@@ -61,7 +61,7 @@ class BenchRow:
 
 
 def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: float, length: int) -> BenchRow:
-    result = engine.generate(ids, new_tokens)
+    result = engine.generate(Request(ids, new_tokens))
     steps = result.new_tokens - 1
     return BenchRow(
         length=length,

@@ -41,9 +41,9 @@ from lm_eval.utils import setup_logging
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from harness import kv_cache
 from harness.config import compose_config
-from harness.engine import Engine
+from harness.decode import kv_cache
+from harness.decode.engine import Engine
 from harness.errors import cli, user_errors
 from harness.models import ModelSpec, load_config, load_model, load_tokenizer
 from harness.run import call_request, check_call, check_top_level, stop_token_ids

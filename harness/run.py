@@ -3,7 +3,7 @@
 Composes the config (``conf/``), checks everything a user can get wrong before any weights
 load and before anything is written, then runs every example not yet recorded in the run's
 folder and appends one record per example. The folder name is derived from the config
-(``harness.schema``), so rerunning the same command resumes where it stopped.
+(``harness.record.schema``), so rerunning the same command resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -28,17 +28,19 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 from transformers import PretrainedConfig
 
-from harness import kv_cache, provenance
 from harness.config import CONF_DIR, SCALES
-from harness.diagnostics import FILENAME as DIAGNOSTICS_FILE
-from harness.diagnostics import RetentionRecorder
-from harness.engine import Engine, Request, check_sequence
+from harness.decode import kv_cache
+from harness.decode.engine import Engine, Request, check_sequence
+from harness.decode.retention import FILENAME as DIAGNOSTICS_FILE
+from harness.decode.retention import RetentionRecorder
+from harness.decode.sampling import Sampling
 from harness.errors import UserError, cli, show_tracebacks, user_errors
-from harness.identity import MIGRATE, Identity, identify, older_folders, record_version
 from harness.models import ModelSpec, check_buildable, check_device, load_config, load_model, load_tokenizer
 from harness.models import writable_folder as _writable
 from harness.options import check_appended, check_fields, check_types
-from harness.records import (
+from harness.protocols.dialog_world import MethodPolicy
+from harness.record import provenance
+from harness.record.files import (
     CompanionFile,
     CorruptRecordsError,
     DuplicateRecordError,
@@ -48,11 +50,10 @@ from harness.records import (
     append_lines,
     write_atomic,
 )
-from harness.sampling import Sampling
-from harness.schema import NUMERIC_FIELDS, OUTCOME_FIELDS, SCHEMA_VERSION, RunId, canonical_rho
-from harness.summary import summarize
-from harness.wandb_logger import open_logger
-from harness.world import MethodPolicy
+from harness.record.identity import MIGRATE, Identity, identify, older_folders, record_version
+from harness.record.schema import NUMERIC_FIELDS, OUTCOME_FIELDS, SCHEMA_VERSION, RunId, canonical_rho
+from harness.record.summary import summarize
+from harness.record.wandb_logger import open_logger
 from methods.base import EvictionMethod
 from methods.full import FullCache
 from methods.selection import check_rho
@@ -177,7 +178,7 @@ def calls_outcome(generations: list[Any]) -> dict[str, Any]:
 def make_record(
     cfg: DictConfig, run: RunId, identity: Identity, task: Task, example: Example, outcome: dict[str, Any]
 ) -> dict[str, Any]:
-    """One line of ``records.jsonl`` (``harness.schema.RECORD_FIELDS``), the rest of the outcome under ``meta``."""
+    """One line of ``records.jsonl`` (``RECORD_FIELDS``), the rest of the outcome under ``meta``."""
     outcome = dict(outcome)
     decode_steps = max(outcome["new_tokens"] - 1, 0)
     if outcome.get("decode_tokens_per_s") is None and outcome["decode_s"] > 0:
@@ -354,7 +355,7 @@ def model_runner(
         else:
             follow_up = task.follow_up(tokenizer, example, prediction) if answers else None
             if follow_up is not None:
-                answer = answer_engine.serve(request(follow_up))
+                answer = answer_engine.generate(request(follow_up))
                 outcome["first_prediction"] = prediction
                 outcome["answer_pass"] = {name: getattr(answer, name) for name in ANSWER_PASS_FIELDS}
                 prediction, example = tokenizer.decode(answer.tokens, skip_special_tokens=True), follow_up
@@ -374,7 +375,7 @@ def _check_recorded(records: RecordFile, identity: Identity, batch_size: int) ->
 
     An older record (schema version below today's) made under the same identity and batch size
     is read as it is; any other difference means the folder belongs to another run under
-    today's rules (``python -m harness.migrate`` moves it there), or that a preset was edited.
+    today's rules (``python -m harness.record.migrate`` moves it there), or that a preset was edited.
     """
     for record in records.records():
         recorded = record.get("identity")

@@ -3,7 +3,7 @@
 A method sees tensors only: the attention of the current query (a by-product of the
 attention the model computes anyway), keys, values and the absolute positions of the cached
 entries. It answers with what to keep. It knows nothing of tasks or of transformers, so the
-same object drives a real model (``harness.engine``) and the synthetic dialog world.
+same object drives a real model (``harness.decode.engine``) and the synthetic dialog world.
 
 Call order for one sequence::
 

@@ -20,7 +20,7 @@ import torch
 from hydra.utils import instantiate
 
 from harness.config import compose_config
-from harness.world import MethodPolicy
+from harness.protocols.dialog_world import MethodPolicy
 from tasks.dialogs import BENCHMARK, DialogTask
 
 METHODS = ("fifo", "sink_window", "h2o", "fdkvc")

@@ -33,7 +33,7 @@ import torch
 from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
-from harness.engine import Engine
+from harness.decode.engine import Engine, Request
 from harness.models import load_model, load_tokenizer
 from tasks.ruler.task import RulerTask
 
@@ -92,7 +92,7 @@ def ours(model: Any, tokenizer: Any, method: str, rho: float, ids: list[int], ne
             captured["kept"] = prompt_keeps(state.driver.positions, len(ids))
 
     engine.on_step = after_prefill
-    generation = engine.generate(ids, new_tokens, stop_token_ids={tokenizer.eos_token_id})
+    generation = engine.generate(Request(ids, new_tokens, stop_token_ids={tokenizer.eos_token_id}))
     return {"kept": captured["kept"], "tokens": generation.tokens, "matched": matched}
 
 

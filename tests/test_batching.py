@@ -12,11 +12,11 @@ from conftest import TINY_MODELS, named_method, refused
 from test_kvpop import tiny_checkpoint
 
 from harness.config import compose_config, model_spec
-from harness.engine import Engine, Generation, Request
+from harness.decode.engine import Engine, Generation, Request
+from harness.decode.sampling import Sampling
 from harness.errors import UserError
 from harness.models import load_tokenizer
 from harness.run import execute, prepare
-from harness.sampling import Sampling
 from methods.kvpop import CheckpointInfo, build_scorer, save_checkpoint
 from methods.scorers.bilinear import BilinearHead, BilinearInfo, save_bilinear
 
@@ -74,7 +74,7 @@ def extra_overrides(name: str, model, folder: Path) -> list[str]:
 
 
 def alone_and_batched(engine: Engine, requests: list[Request], batch_size: int) -> tuple[list, dict]:
-    alone = [engine.serve(request) for request in requests]
+    alone = [engine.generate(request) for request in requests]
     batched = dict(engine.generate_batch(enumerate(requests), batch_size))
     return alone, batched
 
@@ -108,7 +108,7 @@ def test_families_batched_on_every_tiny_model(tiny_models, model_name, name):
 def test_stops_forcing_sampling_and_min_tokens_hold_per_sequence(tiny_models):
     model = tiny_models["tiny_qwen2"]
     ids = prompts(4)
-    first = Engine(model, named_method("full")).generate(ids[0], 8)
+    first = Engine(model, named_method("full")).generate(Request(ids[0], 8))
     forced = torch.randint(0, 1000, (9,), generator=torch.Generator().manual_seed(7)).tolist()
     requests = [
         Request(ids[0], 30, stop_token_ids={first.tokens[3]}),

@@ -14,7 +14,7 @@ import torch
 from conftest import named_method, refused
 from safetensors.torch import save_file
 
-from harness.engine import Engine
+from harness.decode.engine import Engine, Request
 from harness.errors import UserError, user_errors
 from harness.training.bilinear.loss import agreement, causal_mask, distillation_loss, teacher_attention
 from methods.base import LayerView, SequenceInfo
@@ -128,5 +128,5 @@ def test_training_entry_writes_a_checkpoint_method_bilinear_runs(tmp_path, tiny_
     assert meta["model"] == "tiny_llama" and meta["train"]["parameters"] == 64 * (4 * 16 + 2 * 16)
     assert [point["step"] for point in meta["train"]["history"]] == [3, 6]
     method = named_method("bilinear", "rho=0.5", "model=tiny_llama", f"method.scorer.checkpoint={output}")
-    result = Engine(tiny_models["tiny_llama"], method).generate(list(range(100, 196)), 6)
+    result = Engine(tiny_models["tiny_llama"], method).generate(Request(list(range(100, 196)), 6))
     assert result.cache_len_final == 48

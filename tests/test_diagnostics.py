@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from harness.diagnostics import (
+from harness.decode.engine import Request
+from harness.decode.retention import (
     StepSnapshot,
     boundary_margin,
     churn,
@@ -69,16 +70,16 @@ def test_recorder_on_a_tiny_model(tmp_path, tiny_models) -> None:
     from conftest import named_method
 
     from harness.analysis.diagnostics import read_diagnostics
-    from harness.diagnostics import RetentionRecorder
-    from harness.engine import Engine
-    from harness.records import CompanionFile, RecordFile
+    from harness.decode.engine import Engine
+    from harness.decode.retention import RetentionRecorder
+    from harness.record.files import CompanionFile, RecordFile
 
     engine = Engine(tiny_models["tiny_llama"], named_method("inertia", "rho=0.5"))
     recorder = RetentionRecorder.attach(engine)
     records = RecordFile(tmp_path / "records.jsonl")
     diagnostics = CompanionFile(tmp_path / "diagnostics.jsonl", records)
     for example in ("a/0", "a/1", "a/2"):
-        engine.generate(list(range(5, 45)), 6)
+        engine.generate(Request(list(range(5, 45)), 6))
         diagnostics.append(recorder.finish(example, "a"))
         if example != "a/2":
             records.append({"example_id": example, "metrics": {"score": 1.0}})

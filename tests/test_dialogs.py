@@ -10,7 +10,7 @@ from conftest import refused
 from hydra.utils import instantiate
 
 from harness.config import compose_config
-from harness.world import MethodPolicy
+from harness.protocols.dialog_world import MethodPolicy
 from methods.fdkvc import FDKVC
 from methods.full import FullCache
 from methods.selection import Selection

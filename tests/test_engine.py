@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import NAMED_METHODS, TINY_MODELS, named_method
 
-from harness import attention, kv_cache
-from harness.engine import Engine
-from harness.evicting_attention import ragged_single_query_attention, single_query_attention
-from harness.sampling import Sampling
+from harness.decode import attention, kv_cache
+from harness.decode.engine import Engine, Request
+from harness.decode.evicting_attention import ragged_single_query_attention, single_query_attention
+from harness.decode.sampling import Sampling
 from methods.full import FullCache
 from methods.scorers.bilinear import BilinearHead, BilinearInfo, save_bilinear
 
@@ -38,7 +38,7 @@ def test_no_eviction_matches_generate_for_every_method(tiny_models, model_name):
         variants = [["rho=0"]] if name == "full" else [["rho=0"], ["rho=0.5", "method.selection.budget_tokens=100000"]]
         for overrides in variants:
             method = named_method(name, *overrides)
-            tokens = Engine(model, method).generate(ids, NEW_TOKENS).tokens
+            tokens = Engine(model, method).generate(Request(ids, NEW_TOKENS)).tokens
             assert tokens == expected, f"{name} {overrides} diverged from model.generate"
 
 
@@ -65,7 +65,7 @@ def test_budget_held_physically_after_every_decode_step(tiny_models, name):
     model = tiny_models["tiny_llama"]
     engine = Engine(model, named_method(name, "rho=0.5"))
     steps = record_steps(engine)
-    result = engine.generate(prompt(2), NEW_TOKENS)
+    result = engine.generate(Request(prompt(2), NEW_TOKENS))
     budget = PROMPT_LEN // 2
     assert result.budget == budget
     decode = [s for s in steps if s["step"] >= 1]
@@ -94,10 +94,10 @@ def test_new_tokens_keep_absolute_positions(tiny_models, model_name):
     ids = prompt(3)
     full = Engine(model, FullCache())
     full_steps = record_steps(full)
-    full_tokens = full.generate(ids, 6).tokens
+    full_tokens = full.generate(Request(ids, 6)).tokens
     evicting = Engine(model, named_method("streaming_llm", "rho=0.75"))
     evict_steps = record_steps(evicting)
-    evict_tokens = evicting.generate(ids, 6).tokens
+    evict_tokens = evicting.generate(Request(ids, 6)).tokens
     # Step-1 logits come from the full prompt, so the first two tokens always agree.
     assert evict_tokens[:2] == full_tokens[:2]
     step2 = evict_steps[2]
@@ -116,12 +116,12 @@ def test_per_head_keep_sets_are_gathered_physically(tiny_models):
     ids = prompt(4)
     full = Engine(model, FullCache())
     full_steps = record_steps(full)
-    full.generate(ids, 2)
+    full.generate(Request(ids, 2))
     # Decode-time attention only: with the prompt's own votes every head of a tiny random
     # model keeps the earliest entries, which would not show per-head sets apart.
     per_head = Engine(model, named_method("h2o", "rho=0.5", "method.prefill_attention=false"))
     per_head_steps = record_steps(per_head)
-    per_head.generate(ids, 2)
+    per_head.generate(Request(ids, 2))
     after = per_head_steps[1]
     keys = after["layers"][0][0]
     positions = after["positions"][0]
@@ -148,7 +148,7 @@ def test_scores_come_from_the_attention_already_computed(tiny_models, monkeypatc
         engine = Engine(model, named_method(name, "rho=0.5"))
         contexts = []
         engine.on_step = lambda step, context, cache, contexts=contexts: contexts.append(context)
-        engine.generate(prompt(5), NEW_TOKENS)
+        engine.generate(Request(prompt(5), NEW_TOKENS))
         context = contexts[-1]
         # One explicit attention per layer per observed step, nothing else at those steps.
         assert context.attention_calls == {layer: observed_steps for layer in range(layers)}
@@ -177,12 +177,12 @@ def test_single_query_attention_matches_sdpa():
 def test_every_sequence_starts_fresh_and_evicts_every_step(tiny_models):
     model = tiny_models["tiny_mistral"]
     engine = Engine(model, named_method("inertia", "rho=0.5"))
-    alone = engine.generate(prompt(7), NEW_TOKENS).tokens
+    alone = engine.generate(Request(prompt(7), NEW_TOKENS)).tokens
     steps = record_steps(engine)
-    engine.generate(prompt(6, length=80), NEW_TOKENS)
+    engine.generate(Request(prompt(6, length=80), NEW_TOKENS))
     first = list(steps)
     steps.clear()
-    again = engine.generate(prompt(7), NEW_TOKENS).tokens
+    again = engine.generate(Request(prompt(7), NEW_TOKENS)).tokens
     assert again == alone
     for trace, budget in ((first, 40), (steps, PROMPT_LEN // 2)):
         lengths_before = [s["lengths"][0] for s in trace]
@@ -193,9 +193,9 @@ def test_every_sequence_starts_fresh_and_evicts_every_step(tiny_models):
 def test_sampling_is_reproducible_under_a_seed(tiny_models):
     model = tiny_models["tiny_llama"]
     engine = Engine(model, named_method("inertia", "rho=0.5"), Sampling(temperature=1.0, top_p=0.9, top_k=50))
-    a = engine.generate(prompt(8), NEW_TOKENS, seed=11).tokens
-    b = engine.generate(prompt(8), NEW_TOKENS, seed=11).tokens
-    c = engine.generate(prompt(8), NEW_TOKENS, seed=12).tokens
+    a = engine.generate(Request(prompt(8), NEW_TOKENS, seed=11)).tokens
+    b = engine.generate(Request(prompt(8), NEW_TOKENS, seed=11)).tokens
+    c = engine.generate(Request(prompt(8), NEW_TOKENS, seed=12)).tokens
     assert a == b
     assert a != c
 
@@ -217,8 +217,8 @@ def test_sampling_filters():
 def test_stop_tokens_end_generation(tiny_models):
     model = tiny_models["tiny_llama"]
     ids = prompt(9)
-    tokens = Engine(model, FullCache()).generate(ids, NEW_TOKENS).tokens
-    stopped = Engine(model, FullCache()).generate(ids, NEW_TOKENS, stop_token_ids={tokens[3]}).tokens
+    tokens = Engine(model, FullCache()).generate(Request(ids, NEW_TOKENS)).tokens
+    stopped = Engine(model, FullCache()).generate(Request(ids, NEW_TOKENS, stop_token_ids={tokens[3]})).tokens
     assert stopped == tokens[: tokens.index(tokens[3]) + 1]
 
 
@@ -236,12 +236,12 @@ def test_teacher_forcing_scores_the_given_tokens_under_eviction(tiny_models):
     with torch.inference_mode():
         logits = model(torch.tensor([ids + target])).logits[0, len(ids) - 1 : -1]
     expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(target)[:, None])[:, 0]
-    full = Engine(model, FullCache()).generate(ids, 1, forced=target)
+    full = Engine(model, FullCache()).generate(Request(ids, 1, forced=target))
     assert full.tokens == target
     torch.testing.assert_close(torch.tensor(full.target_logprobs), expected, rtol=1e-4, atol=1e-4)
     engine = Engine(model, named_method("inertia", "rho=0.5"))
     steps = record_steps(engine)
-    evicted = engine.generate(ids, 1, forced=target)
+    evicted = engine.generate(Request(ids, 1, forced=target))
     assert evicted.tokens == target
     assert all(s["lengths"][0] == PROMPT_LEN // 2 for s in steps[1:])
     # The first two targets are scored before any eviction; later ones see the smaller cache.
@@ -252,11 +252,13 @@ def test_teacher_forcing_scores_the_given_tokens_under_eviction(tiny_models):
 def test_min_new_tokens_suppresses_stop_tokens(tiny_models):
     model = tiny_models["tiny_llama"]
     ids = prompt(12)
-    free = Engine(model, FullCache()).generate(ids, NEW_TOKENS).tokens
+    free = Engine(model, FullCache()).generate(Request(ids, NEW_TOKENS)).tokens
     first = free[0]
-    stopped = Engine(model, FullCache()).generate(ids, NEW_TOKENS, stop_token_ids={first}).tokens
+    stopped = Engine(model, FullCache()).generate(Request(ids, NEW_TOKENS, stop_token_ids={first})).tokens
     assert stopped == [first]
-    held = Engine(model, FullCache()).generate(ids, NEW_TOKENS, stop_token_ids={first}, min_new_tokens=1).tokens
+    held = (
+        Engine(model, FullCache()).generate(Request(ids, NEW_TOKENS, stop_token_ids={first}, min_new_tokens=1)).tokens
+    )
     assert held[0] != first
     assert len(held) > 1
 
@@ -271,11 +273,11 @@ def test_method_time_in_the_prefill_stays_out_of_the_decode_shares(tiny_models):
         observe_prefill(view)
 
     method.observe_prefill = slow
-    generation = Engine(model, method).generate(prompt(1), 3)
+    generation = Engine(model, method).generate(Request(prompt(1), 3))
     layers = model.config.num_hidden_layers
     assert generation.prefill_s >= generation.prefill_score_s >= 0.1 * layers
     assert generation.score_s < 0.1 and generation.evict_s < 0.1
-    unscored = Engine(model, named_method("streaming_llm", "rho=0.5")).generate(prompt(1), 3)
+    unscored = Engine(model, named_method("streaming_llm", "rho=0.5")).generate(Request(prompt(1), 3))
     assert unscored.prefill_score_s < 0.1
     assert generation.cache_len_final == generation.budget
 
@@ -299,7 +301,7 @@ def test_no_eviction_matches_generate_for_the_paper_baselines(tiny_models, model
     for name, extra in named:
         # A budget beyond the prompt: every scoring path runs, nothing is evicted (rho=0 never scores).
         method = named_method(name, "rho=0.5", "method.selection.budget_tokens=100000", *extra)
-        assert Engine(model, method).generate(ids, NEW_TOKENS).tokens == expected, (
+        assert Engine(model, method).generate(Request(ids, NEW_TOKENS)).tokens == expected, (
             f"{name} diverged from model.generate"
         )
 
@@ -352,7 +354,7 @@ def test_ragged_layers_pack_exactly_their_entries_and_grow_per_head(tiny_models)
 
 def test_full_cache_memory_figures(tiny_models):
     model = tiny_models["tiny_llama"]
-    result = Engine(model, FullCache()).generate(prompt(3), 5)
+    result = Engine(model, FullCache()).generate(Request(prompt(3), 5))
     per_token = model.config.num_hidden_layers * model.config.num_key_value_heads * 2 * model.config.head_dim * 4
     assert result.prefill_peak_bytes == PROMPT_LEN * per_token
     assert result.decode_peak_bytes == result.kv_bytes_final == result.kv_bytes_full == (PROMPT_LEN + 4) * per_token

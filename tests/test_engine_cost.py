@@ -6,10 +6,10 @@ import pytest
 import torch
 from conftest import named_method
 
-from harness import kv_cache
-from harness.attention import Call, causal_column_mass
-from harness.engine import Engine
-from harness.evicting_attention import ragged_single_query_attention, single_query_attention
+from harness.decode import kv_cache
+from harness.decode.attention import Call, causal_column_mass
+from harness.decode.engine import Engine, Request
+from harness.decode.evicting_attention import ragged_single_query_attention, single_query_attention
 from methods.base import LayerView, SequenceInfo
 from methods.prompt_attention import causal_logsumexp, prompt_attention_votes
 from methods.scorers.base import EntryNorms
@@ -151,10 +151,10 @@ def test_per_step_shortcuts_keep_the_tokens_of_the_direct_computation(tiny_model
     with both switched off generates the same, and keeps as many entries."""
     model = tiny_models["tiny_llama"]
     ids = torch.randint(0, model.config.vocab_size, (96,), generator=torch.Generator().manual_seed(6)).tolist()
-    fast = Engine(model, named_method(*method, "method.selection.budget_tokens=40")).generate(ids, 12)
+    fast = Engine(model, named_method(*method, "method.selection.budget_tokens=40")).generate(Request(ids, 12))
     monkeypatch.setattr(EntryNorms, "begin", lambda self, info: None)
     monkeypatch.setattr(Call, "causal_sdpa_with_lse", lambda self: (self.sdpa()[0], None))
-    slow = Engine(model, named_method(*method, "method.selection.budget_tokens=40")).generate(ids, 12)
+    slow = Engine(model, named_method(*method, "method.selection.budget_tokens=40")).generate(Request(ids, 12))
     assert fast.tokens == slow.tokens and fast.cache_len_final == slow.cache_len_final < 96 + 12
 
 
@@ -180,11 +180,11 @@ def test_refilled_slots_hold_the_entries_a_gather_would_keep(tiny_models, name, 
     ids = torch.randint(0, model.config.vocab_size, (40,), generator=torch.Generator().manual_seed(7)).tolist()
     refilling = Engine(model, named_method(name, "rho=0.5"))
     refilled = snapshots(refilling)
-    tokens = refilling.generate(ids, 10).tokens
+    tokens = refilling.generate(Request(ids, 10)).tokens
     monkeypatch.setattr(type(refilling.method), "order_free", False)
     gathering = Engine(model, named_method(name, "rho=0.5"))
     gathered = snapshots(gathering)
-    assert gathering.generate(ids, 10).tokens == tokens
+    assert gathering.generate(Request(ids, 10)).tokens == tokens
     for a, b in zip(refilled, gathered, strict=True):
         for (positions_a, keys_a), (positions_b, keys_b) in zip(a["layers"], b["layers"], strict=True):
             assert torch.equal(positions_a, positions_b), a["step"]
@@ -200,7 +200,7 @@ def test_steady_state_steps_copy_no_layer(tiny_models, monkeypatch):
     engine = Engine(model, named_method("inertia", "rho=0.5"))
     counts = []
     engine.on_step = lambda step, context, cache: counts.append(len(gathers))
-    result = engine.generate(prompt_ids(model, 32), 12)
+    result = engine.generate(Request(prompt_ids(model, 32), 12))
     layers = model.config.num_hidden_layers
     # Step 1 cuts the prompt to the budget (keys and values of every layer gathered once); every
     # later step refills one slot.
@@ -212,7 +212,7 @@ def test_the_full_cache_is_written_in_place(tiny_models):
     model = tiny_models["tiny_llama"]
     engine = Engine(model, named_method("full"))
     steps = snapshots(engine)
-    engine.generate(prompt_ids(model, 20), 8)
+    engine.generate(Request(prompt_ids(model, 20), 8))
     assert len({s["storage"] for s in steps}) == 1
 
 

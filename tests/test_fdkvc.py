@@ -10,7 +10,7 @@ from conftest import refused
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness.config import compose_config
-from harness.engine import Engine
+from harness.decode.engine import Engine, Request
 from methods.base import KeepPlan, LayerView, SequenceInfo
 from methods.driver import Driver
 from methods.fdkvc import FDKVC
@@ -346,9 +346,9 @@ PROMPT = [int(i) for i in torch.randint(0, 1000, (48,), generator=torch.Generato
 
 @pytest.mark.parametrize("granularity", ["head", "layer", "token"])
 def test_engine_no_eviction_no_bias_equals_full(tiny_llama, granularity):
-    full = Engine(tiny_llama, FullCache()).generate(PROMPT, 24).tokens
+    full = Engine(tiny_llama, FullCache()).generate(Request(PROMPT, 24)).tokens
     method = FDKVC(selection=Selection(rho=0.0, granularity=granularity), beta=0.0, turn_length=4)
-    assert Engine(tiny_llama, method).generate(PROMPT, 24).tokens == full
+    assert Engine(tiny_llama, method).generate(Request(PROMPT, 24)).tokens == full
 
 
 @pytest.mark.parametrize("granularity", ["head", "layer", "token"])
@@ -359,7 +359,7 @@ def test_engine_bias_changes_attention_and_budget_holds(tiny_llama, granularity)
         engine = Engine(
             tiny_llama, method, on_step=lambda step, ctx, cache: seen.append(cache.layers[1].values.clone())
         )
-        generation = engine.generate(PROMPT, 24)
+        generation = engine.generate(Request(PROMPT, 24))
         assert generation.budget == 24 and generation.max_cache_len <= 24
         return seen, generation.cache_len_final
 
@@ -373,14 +373,14 @@ def test_engine_bias_changes_attention_and_budget_holds(tiny_llama, granularity)
 
 
 def test_engine_under_the_paper_readings(tiny_llama):
-    full = Engine(tiny_llama, FullCache()).generate(PROMPT, 12).tokens
+    full = Engine(tiny_llama, FullCache()).generate(Request(PROMPT, 12)).tokens
     # Tracking both channels without evicting or biasing leaves the model's output alone.
     roomy = FDKVC(selection=Selection(budget_tokens=1000), beta=0.0, turn_length=4, **PAPER_READINGS)
-    assert Engine(tiny_llama, roomy).generate(PROMPT, 12).tokens == full
+    assert Engine(tiny_llama, roomy).generate(Request(PROMPT, 12)).tokens == full
     # The prompt's attention entered c before the first eviction (tests above: exact values).
     assert not torch.all(roomy.c[:, :, : len(PROMPT)] == 1.0)
     method = FDKVC(selection=Selection(rho=0.5, granularity="head"), turn_length=4, **PAPER_READINGS)
-    generation = Engine(tiny_llama, method).generate(PROMPT, 12)
+    generation = Engine(tiny_llama, method).generate(Request(PROMPT, 12))
     assert generation.max_cache_len <= generation.budget == 24 and generation.cache_len_final == 24
 
 
@@ -390,9 +390,9 @@ def test_engine_bias_without_eviction_differs_from_full(tiny_llama):
     def grab(name):
         return lambda step, ctx, cache: seen.__setitem__(name, cache.layers[1].values.clone())
 
-    Engine(tiny_llama, FullCache(), on_step=grab("full")).generate(PROMPT, 8)
+    Engine(tiny_llama, FullCache(), on_step=grab("full")).generate(Request(PROMPT, 8))
     method = FDKVC(selection=Selection(rho=0.0), beta=0.5, turn_length=4)
-    Engine(tiny_llama, method, on_step=grab("fdkvc")).generate(PROMPT, 8)
+    Engine(tiny_llama, method, on_step=grab("fdkvc")).generate(Request(PROMPT, 8))
     assert seen["full"].shape == seen["fdkvc"].shape
     assert not torch.allclose(seen["full"], seen["fdkvc"])
 
@@ -406,9 +406,9 @@ def test_smollm2_multi_turn_chat(smollm2):
         {"role": "user", "content": "Now name three vegetables that are green, and one that is orange."},
     ]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-    full = Engine(model, FullCache()).generate(ids, 16).tokens
+    full = Engine(model, FullCache()).generate(Request(ids, 16)).tokens
     plain = FDKVC(selection=Selection(rho=0.0), beta=0.0, turn_length=8)
-    assert Engine(model, plain).generate(ids, 16).tokens == full
+    assert Engine(model, plain).generate(Request(ids, 16)).tokens == full
     method = FDKVC(selection=Selection(rho=0.5, granularity="head"), beta=0.25, turn_length=8)
     biases: list[torch.Tensor] = []
     original = method.logit_bias
@@ -419,7 +419,7 @@ def test_smollm2_multi_turn_chat(smollm2):
         return bias
 
     method.logit_bias = spy
-    generation = Engine(model, method).generate(ids, 16)
+    generation = Engine(model, method).generate(Request(ids, 16))
     assert generation.max_cache_len <= generation.budget == len(ids) // 2
     assert biases and all(b is not None for b in biases)
     assert any(float(b.min()) < 0 for b in biases)

@@ -12,8 +12,8 @@ import torch
 from conftest import named_method, refused
 from torch import Tensor
 
-from harness import kv_cache
-from harness.engine import Engine
+from harness.decode import kv_cache
+from harness.decode.engine import Engine, Request
 from harness.errors import UserError, user_errors
 from methods.base import LayerView, SequenceInfo
 from methods.driver import Driver
@@ -176,10 +176,10 @@ def test_adakv_ea_stores_ragged_heads_physically(tiny_models, model_name):
     ids = prompt(1)
     full = Engine(model, FullCache())
     full_steps = steps(full)
-    full.generate(ids, 4)
+    full.generate(Request(ids, 4))
     engine = Engine(model, named_method("adakv_ea", "rho=0.75"))
     trace = steps(engine)
-    result = engine.generate(ids, 4)
+    result = engine.generate(Request(ids, 4))
     budget = PROMPT_LEN // 4
     heads = model.config.num_key_value_heads
     floor = math.floor(0.2 * budget)
@@ -212,10 +212,10 @@ def test_layer_wise_prefill_eviction_lowers_the_prefill_peak(tiny_models):
     entry = 2 * dim * 4
     budget = PROMPT_LEN // 4
     full_prompt = layers * heads * PROMPT_LEN * entry
-    decode_time = Engine(model, named_method("inertia", "rho=0.75")).generate(ids, 4)
+    decode_time = Engine(model, named_method("inertia", "rho=0.75")).generate(Request(ids, 4))
     assert decode_time.prefill_peak_bytes == full_prompt
     for name in ("adakv_ea", "keydiff"):
-        pressed = Engine(model, named_method(name, "rho=0.75")).generate(ids, 4)
+        pressed = Engine(model, named_method(name, "rho=0.75")).generate(Request(ids, 4))
         # The peak is at the last layer: the others already cut to H * B, the last one whole.
         assert pressed.prefill_peak_bytes == (layers - 1) * heads * budget * entry + heads * PROMPT_LEN * entry, name
         assert pressed.decode_peak_bytes == layers * heads * (budget + 3) * entry, name
@@ -226,7 +226,7 @@ def test_decode_schedule_holds_the_budget_at_every_step(tiny_models):
     for name in ("adakv_ea", "keydiff"):
         engine = Engine(model, named_method(name, "rho=0.75", "method.schedule=decode"))
         trace = steps(engine)
-        result = engine.generate(prompt(3), 6)
+        result = engine.generate(Request(prompt(3), 6))
         heads = model.config.num_key_value_heads
         for snapshot in trace:
             for lengths in snapshot["lengths"]:
@@ -252,8 +252,8 @@ def test_a_layer_cut_inside_the_prefill_decodes_as_the_full_cache_with_its_evict
     ids, forced = prompt(4), prompt(5)[:8]
     engine = Engine(model, named_method(name, "rho=0.75"))
     trace = steps(engine)
-    evicted = engine.generate(ids, 1, forced=forced)
+    evicted = engine.generate(Request(ids, 1, forced=forced))
     kept = [list(p) if isinstance(p, tuple) else list(p.unbind(0)) for p in trace[0]["positions"]]
-    masked = Engine(model, MaskedPrompt(kept)).generate(ids, 1, forced=forced)
+    masked = Engine(model, MaskedPrompt(kept)).generate(Request(ids, 1, forced=forced))
     torch.testing.assert_close(torch.tensor(evicted.target_logprobs), torch.tensor(masked.target_logprobs))
     assert masked.kv_bytes_final > evicted.kv_bytes_final

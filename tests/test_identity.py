@@ -14,12 +14,12 @@ from harness.analysis.results import load_results
 from harness.analysis.spec import one_per_example
 from harness.config import compose_config
 from harness.errors import UserError
-from harness.identity import run_id
-from harness.migrate import main as migrate_main
-from harness.migrate import migrate_folder
-from harness.records import DuplicateRecordError, read_records
+from harness.record.files import DuplicateRecordError, read_records
+from harness.record.identity import run_id
+from harness.record.migrate import main as migrate_main
+from harness.record.migrate import migrate_folder
+from harness.record.schema import SCHEMA_VERSION, RunId, digest
 from harness.run import execute
-from harness.schema import SCHEMA_VERSION, RunId, digest
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY = ("model=tiny_llama", "task.lengths=[512]", "threads=1")
@@ -177,7 +177,7 @@ def test_a_folder_of_an_older_identity_is_refused_then_migrated(tmp_path, capsys
 
     rerun = compose_config(*TINY, *haystack, "task.n=3", "method=tova", f"results_dir={tmp_path / 'r'}")
     with pytest.raises(UserError, match=rf"{old} holds records of this run under an older run id .* — re-identify it"
-                       rf" with `python -m harness.migrate {tmp_path / 'r'}`"):  # fmt: skip
+                       rf" with `python -m harness.record.migrate {tmp_path / 'r'}`"):  # fmt: skip
         execute(rerun)
     assert not folder.exists()
 

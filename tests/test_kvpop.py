@@ -13,9 +13,9 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from safetensors.torch import save_file
 
-from harness import kv_cache
 from harness.config import compose_config, model_spec
-from harness.engine import Engine
+from harness.decode import kv_cache
+from harness.decode.engine import Engine, Request
 from harness.training.kvpop.loss import (
     Decisions,
     Weighting,
@@ -232,7 +232,7 @@ def test_per_head_budget_after_every_step_through_the_engine(tiny_models, tmp_pa
         ),
     )
     prompt = torch.randint(0, 49152, (96,), generator=torch.Generator().manual_seed(3)).tolist()
-    result = engine.generate(prompt, 24)
+    result = engine.generate(Request(prompt, 24))
     # B = 48 entries of 2 x 16 float32 numbers (128 bytes); the mLSTM state (4 x 8 + 8 + 1 numbers, 164 bytes
     # per head) costs ceil(164 / 128) = 2 of them, which k gives up (count_state).
     state_entries, state_bytes = (2, 3 * 2 * 164) if kind == "mlstm" else (0, 0)
@@ -263,7 +263,7 @@ def test_recall_and_eviction_pattern_reach_the_record(tiny_models, tmp_path):
         tiny_models["tiny_llama"], method, on_step=lambda step, context, cache: final.append(context.positions)
     )
     prompt = torch.randint(0, 49152, (96,), generator=torch.Generator().manual_seed(8)).tolist()
-    report = engine.generate(prompt, 12).method_report
+    report = engine.generate(Request(prompt, 12)).method_report
     recalls = [report[f"recall_l{layer}_h{head}"] for layer in range(3) for head in range(2)]
     assert all(0.0 <= value <= 1.0 for value in recalls)
     assert report["recall"] == pytest.approx(sum(recalls) / 6, abs=1e-4)
@@ -292,7 +292,7 @@ def test_no_budget_means_identical_generation(tiny_models, tmp_path):
     model.set_attn_implementation("sdpa")
     reference = model.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
     method = kvpop_method(tiny_checkpoint(tmp_path), "tiny_llama", "rho=0")
-    assert Engine(model, method).generate(prompt, 8).tokens == reference[0, 40:].tolist()
+    assert Engine(model, method).generate(Request(prompt, 8)).tokens == reference[0, 40:].tolist()
 
 
 def test_checkpoint_for_another_model_is_refused(tmp_path):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from test_kvpop import kvpop_method, tiny_checkpoint
 
-from harness.attention import Call
-from harness.engine import Engine
+from harness.decode.attention import Call
+from harness.decode.engine import Engine, Request
 from harness.training.joint import distillation_kl
 from harness.training.kvpop.sparse import attend_kept, attend_soft, kvpop_mask, streaming_drop, streaming_mask
 
@@ -32,7 +32,7 @@ def test_mask_is_the_attention_pattern_the_engine_produces(tiny_models, tmp_path
         on_step=lambda step, context, cache: kept.append([p.clone() for p in context.positions]),
     )
     prompt = torch.randint(0, 49152, (96,), generator=torch.Generator().manual_seed(5)).tolist()
-    engine.generate(prompt, 20)
+    engine.generate(Request(prompt, 20))
     k = 48 - method.sinks - method.window
     for layer in range(3):
         # The MLP scores every token on insertion, so the static priorities of all positions are known.

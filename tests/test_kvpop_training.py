@@ -11,9 +11,9 @@ import torch
 from conftest import assert_one_line
 from hydra.utils import instantiate
 
-from harness import kv_cache
 from harness.config import compose_config
-from harness.engine import Engine
+from harness.decode import kv_cache
+from harness.decode.engine import Engine, Request
 from harness.errors import UserError
 from harness.models import ModelSpec, file_sha256, load_model
 from harness.training.kvpop.train import train
@@ -72,7 +72,7 @@ def test_kvpop_policy_runs_on_its_weights_at_the_trained_budget(rows):
         method,
         on_step=lambda step, context, cache: lengths.append(kv_cache.cache_lengths(cache)),
     )
-    result = engine.generate(list(range(100, 160)), 16)
+    result = engine.generate(Request(list(range(100, 160)), 16))
     assert result.budget == 38 and lengths[-1] == [38, 38, 38]
     with pytest.raises(ValueError, match=re.escape("was trained jointly with the base model fine-tuned in")) as raised:
         KVpop(checkpoint=summary["policy"], weights="elsewhere", budget_tokens=40)

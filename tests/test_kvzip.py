@@ -9,13 +9,13 @@ import pytest
 import torch
 from conftest import named_method, refused
 
-from harness import kv_cache
 from harness.config import model_spec
-from harness.engine import Engine, sequence_info
+from harness.decode import kv_cache
+from harness.decode.engine import Engine, Request, sequence_info
+from harness.decode.evicting_attention import EVICTING, StepState
+from harness.decode.reconstruction import answer_opening, reconstruction_passes
 from harness.errors import UserError, user_errors
-from harness.evicting_attention import EVICTING, StepState
 from harness.models import load_tokenizer
-from harness.reconstruction import answer_opening, reconstruction_passes
 from methods.base import LayerView, Reconstruction, SequenceInfo
 from methods.driver import Driver
 from methods.kvzip import KVzip
@@ -179,7 +179,7 @@ def test_evict_and_mask_modes_decode_alike_and_count_memory_apart(tiny_models, t
         engine = Engine(model, method, tokenizer=tokenizer)
         lengths = []
         engine.on_step = lambda step, context, cache, lengths=lengths: lengths.append(kv_cache.head_lengths(cache))
-        outcomes[name] = (engine.generate(ids, new), lengths)
+        outcomes[name] = (engine.generate(Request(ids, new)), lengths)
     assert {(start, end) for start, end, _ in passes} == {(0, 40), (40, 80), (80, 96)}
     assert len(passes) == 2 * 3 * layers
     evicted, evict_lengths = outcomes["kvzip"]
@@ -189,7 +189,9 @@ def test_evict_and_mask_modes_decode_alike_and_count_memory_apart(tiny_models, t
     assert (evicted.method_report, masked.method_report) == ({"kvzip_mode": "evict"}, {"kvzip_mode": "mask"})
     # Attention over the ragged heads and over the masked full ones gives the same distributions.
     forced = {name: Engine(model, named_method(name, "rho=0.75"), tokenizer=tokenizer) for name in outcomes}
-    logprobs = {name: engine.generate(ids, 1, forced=prompt(4)[:8]).target_logprobs for name, engine in forced.items()}
+    logprobs = {
+        name: engine.generate(Request(ids, 1, forced=prompt(4)[:8])).target_logprobs for name, engine in forced.items()
+    }
     torch.testing.assert_close(torch.tensor(logprobs["kvzip"]), torch.tensor(logprobs["kvzip_mask"]))
     # Evict: L * H * B prompt entries in all, spread unevenly over layers and heads.
     assert sum(sum(lengths) for lengths in evict_lengths[0]) == layers * heads * budget

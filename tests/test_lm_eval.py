@@ -21,7 +21,7 @@ from conftest import assert_one_line, refused
 from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
-from harness.engine import Engine
+from harness.decode.engine import Engine, Request
 from harness.errors import UserError
 from harness.lm_eval_model import EvictbenchLM, overrides
 from harness.models import load_model, load_tokenizer
@@ -111,11 +111,13 @@ def test_generate_until_matches_the_engine(tok: Any, inertia_lm: EvictbenchLM) -
     until = ["\n", ".", tok.eos_token]
     for doc, (row, answer) in enumerate(zip(ROWS, answers, strict=True)):
         generation = engine.generate(
-            encode(tok, row["question"] + "\nAnswer:"),
-            6,
-            stop_token_ids=stop_token_ids(model, tok),
-            stop=stop_on_strings(tok, until),
-            seed=example_seed(0, f"toy_gen/{doc:05d}/0/0"),
+            Request(
+                encode(tok, row["question"] + "\nAnswer:"),
+                6,
+                stop_token_ids=stop_token_ids(model, tok),
+                stop=stop_on_strings(tok, until),
+                seed=example_seed(0, f"toy_gen/{doc:05d}/0/0"),
+            )
         )
         assert generation.budget == len(examples[doc].input_ids) // 2
         text = tok.decode(generation.tokens, skip_special_tokens=True)
@@ -130,7 +132,7 @@ def test_loglikelihood_under_eviction_matches_the_engine(tok: Any, inertia_lm: E
     engine, _ = engine_for("method=inertia", "rho=0.5")
     for row, (logprob, greedy) in zip(ROWS, answers, strict=True):
         context, continuation = split_pair(tok, row["question"] + "\nAnswer:", " " + row["answer"])
-        generation = engine.generate(context, len(continuation), forced=continuation)
+        generation = engine.generate(Request(context, len(continuation), forced=continuation))
         assert generation.budget == len(context) // 2
         assert logprob == pytest.approx(sum(generation.target_logprobs), abs=1e-6)
         assert greedy == all(generation.target_greedy)

@@ -11,7 +11,7 @@ from conftest import refused
 from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
-from harness.engine import Engine
+from harness.decode.engine import Engine, Request
 from harness.models import ModelSpec, load_model, load_tokenizer
 from harness.run import execute, stop_token_ids
 from methods.full import FullCache
@@ -123,7 +123,9 @@ def test_cot_runs_both_passes_through_the_harness(tmp_path: Path, tokenizer) -> 
     assert answer is not None and record["meta"]["answer_pass"]["prefill_len"] == len(answer.input_ids)
     # The answer pass is the full-cache generation from the reasoning, and it is what gets scored.
     model = load_model(ModelSpec.from_config(cfg.model))
-    full = Engine(model, FullCache()).generate(answer.input_ids, 128, stop_token_ids=stop_token_ids(model, tokenizer))
+    full = Engine(model, FullCache()).generate(
+        Request(answer.input_ids, 128, stop_token_ids=stop_token_ids(model, tokenizer))
+    )
     assert record["prediction"] == tokenizer.decode(full.tokens, skip_special_tokens=True)
     assert record["meta"]["answer_pass"]["new_tokens"] == full.new_tokens
     assert record["metrics"] == {"acc": float(extract_answer(record["prediction"].strip()) == "B")}

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
 from harness.models import load_tokenizer
-from harness.summary import summarize
+from harness.record.summary import summarize
 from tasks.math.sources import SOURCES
 from tasks.math.task import INSTRUCTION, MathTask, build_prompt, pass_at_1
 

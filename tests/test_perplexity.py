@@ -13,9 +13,9 @@ import pytest
 import torch
 from conftest import assert_one_line
 
-from harness import kv_cache
 from harness.config import compose_config, model_spec
-from harness.engine import Engine
+from harness.decode import kv_cache
+from harness.decode.engine import Engine, Request
 from harness.models import load_tokenizer
 from methods.full import FullCache
 from tasks.perplexity.task import PerplexityTask
@@ -88,7 +88,7 @@ def test_full_cache_matches_one_plain_forward(tiny_models: dict, tok: Any) -> No
     model = tiny_models["tiny_llama"]
     task = PerplexityTask(prefill=48, eval_tokens=12, n=1)
     [example] = task.examples(tok)
-    generation = Engine(model, FullCache()).generate(example.input_ids, 1, forced=example.forced_ids)
+    generation = Engine(model, FullCache()).generate(Request(example.input_ids, 1, forced=example.forced_ids))
     metrics = task.score_logprobs(generation.target_logprobs, example)
     ids = torch.tensor([example.input_ids + example.forced_ids])
     with torch.inference_mode():
@@ -103,7 +103,7 @@ def test_budget_holds_at_every_forced_token(tiny_models: dict, tok: Any) -> None
     engine = Engine(tiny_models["tiny_llama"], named_method("streaming_llm", "rho=0.5", "method.selection.window=8"))
     lengths: list[list[int]] = []
     engine.on_step = lambda step, context, cache: lengths.append(kv_cache.cache_lengths(cache))
-    generation = engine.generate(example.input_ids, 1, forced=example.forced_ids)
+    generation = engine.generate(Request(example.input_ids, 1, forced=example.forced_ids))
     assert generation.budget == 24 and len(generation.target_logprobs) == 12
     # A decode-time method keeps the prefill whole (the first target is scored from it), then
     # every forced token enters the cache and the cache is back at B before the next one.

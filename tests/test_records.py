@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness.records import CorruptRecordsError, DuplicateRecordError, RecordFile, read_records
+from harness.record.files import CorruptRecordsError, DuplicateRecordError, RecordFile, read_records
 
 
 def record(example_id: str, score: float = 1.0) -> dict:

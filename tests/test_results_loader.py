@@ -20,7 +20,7 @@ from harness.analysis.results import (
     parse_run_id,
 )
 from harness.errors import UserError
-from harness.records import CorruptRecordsError, DuplicateRecordError
+from harness.record.files import CorruptRecordsError, DuplicateRecordError
 
 FULL = "tiny__full-aaaa1111__ruler-bbbb2222__rho0.9__seed0"
 INERTIA = "tiny__inertia-cccc3333__ruler-bbbb2222__rho0.9__seed0"

@@ -13,9 +13,9 @@ from harness import run as harness_run
 from harness.analysis.report import runs_table
 from harness.config import compose_config
 from harness.errors import UserError
-from harness.identity import run_id
+from harness.record.identity import run_id
+from harness.record.schema import RECORD_FIELDS, RunId
 from harness.run import execute
-from harness.schema import RECORD_FIELDS, RunId
 from methods.kvpop import CheckpointInfo, build_scorer, save_checkpoint
 
 TINY = ("model=tiny_llama", "task.lengths=[512]", "task.n=2", "threads=1")

@@ -24,7 +24,7 @@ from harness.analysis.diagnostics import read_diagnostics
 from harness.analysis.figures import make_figures
 from harness.analysis.papers import write_tables
 from harness.config import compose_config
-from harness.records import RecordFile, read_records
+from harness.record.files import RecordFile, read_records
 from harness.run import execute
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,7 +182,7 @@ def prepare_then_wait(*args):
 run.prepare = prepare_then_wait
 if name == "b":
     # The refused process is slow to word its refusal: what it does after being refused then overlaps the writer's run.
-    from harness.records import RunLock
+    from harness.record.files import RunLock
 
     holder = RunLock.holder
     RunLock.holder = lambda self: (time.sleep(0.5), holder(self))[1]

@@ -10,7 +10,7 @@ import torch
 from conftest import NAMED_METHODS, named_method
 
 from harness.config import compose_config
-from harness.engine import Engine, Request
+from harness.decode.engine import Engine, Request
 from harness.run import execute
 from tasks.ruler.task import RulerTask
 
@@ -26,7 +26,7 @@ def test_no_eviction_matches_generate_on_smollm2(smollm2):
     model.set_attn_implementation("sdpa")
     expected = model.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False)[0, len(ids) :].tolist()
     for name in NAMED_METHODS:
-        tokens = Engine(model, named_method(name, "rho=0")).generate(ids, 20, stop_token_ids={2}).tokens
+        tokens = Engine(model, named_method(name, "rho=0")).generate(Request(ids, 20, stop_token_ids={2})).tokens
         assert tokens == expected, name
 
 
@@ -69,7 +69,7 @@ def batched_matches_alone(smollm2, name: str) -> None:
     requests = [Request(example.input_ids, 16, stop_token_ids={2}) for example in examples]
     method = named_method(name, "rho=0.9", *(["method.selection.budget_tokens=48"] * (name == "fixed_budget")))
     engine = Engine(model, method, tokenizer=tokenizer)
-    alone = [engine.serve(request) for request in requests]
+    alone = [engine.generate(request) for request in requests]
     batched = dict(engine.generate_batch(enumerate(requests), 3))
     for index, generation in enumerate(alone):
         assert generation.tokens == batched[index].tokens, f"{name}: sequence {index}"

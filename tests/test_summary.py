@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.summary import summarize
+from harness.record.summary import summarize
 
 
 def record(subtask: str, metrics: dict, length: int = 1024) -> dict:

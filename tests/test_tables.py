@@ -21,7 +21,7 @@ from harness.analysis.results import load_configs, load_results
 from harness.analysis.spec import NOT_RUN, Scope, delta, grid, one_per_example
 from harness.analysis.variants import annotate, flatten_method, variant
 from harness.config import CONF_DIR
-from harness.records import DuplicateRecordError
+from harness.record.files import DuplicateRecordError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
 

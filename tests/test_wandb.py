@@ -12,8 +12,8 @@ import wandb
 from wandb.proto import wandb_internal_pb2
 
 from harness.config import compose_config
+from harness.record.wandb_logger import NullLogger, WandbLogger, open_logger
 from harness.run import execute
-from harness.wandb_logger import NullLogger, WandbLogger, open_logger
 from tasks.dialogs.task import DialogTask
 
 DIALOGS = ("task=dialogs", "task.scenarios=[topic_shift]", "task.n_dialogs=3", "method=fdkvc", "threads=1")

@@ -1,4 +1,4 @@
-"""Reading the rank-trace diagnostics that ``diagnostics=true`` runs write (``harness.diagnostics``)."""
+"""Reading the rank-trace diagnostics that ``diagnostics=true`` runs write (``harness.decode.retention``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pandas as pd
 
-from harness.diagnostics import FILENAME, FIRST_STEP, SUMMARY
-from harness.records import read_records
-from harness.schema import RunId
+from harness.decode.retention import FILENAME, FIRST_STEP, SUMMARY
+from harness.record.files import read_records
+from harness.record.schema import RunId
 
 
 def read_diagnostics(folder: Path | str) -> list[dict[str, Any]]:

@@ -13,9 +13,9 @@ import pandas as pd
 
 from harness.analysis.results import load_results, run_folders
 from harness.errors import UserError, cli, user_errors
-from harness.records import read_records
-from harness.schema import RunId
-from harness.summary import summarize
+from harness.record.files import read_records
+from harness.record.schema import RunId
+from harness.record.summary import summarize
 
 
 def runs_table(root: Path) -> pd.DataFrame:

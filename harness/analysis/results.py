@@ -4,7 +4,7 @@ A row's identity is ``IDENTITY`` (model, method and its parameter hash, task, su
 seed, example id). Two records claiming one identity, in whichever run folders, are an error
 naming both files: averaging or silently keeping one of them would make a table depend on
 which stale folder happened to be read last. A corrupt line is an error naming the file and
-line (``harness.records.read_records``); a torn final line, the trace of an interrupted
+line (``harness.record.files.read_records``); a torn final line, the trace of an interrupted
 write, is dropped with a warning as everywhere else.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from harness.records import DuplicateRecordError, read_records
-from harness.schema import NUMERIC_FIELDS, RunId
+from harness.record.files import DuplicateRecordError, read_records
+from harness.record.schema import NUMERIC_FIELDS, RunId
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ BASE_COLUMNS: tuple[str, ...] = (
 
 
 def parse_run_id(run_id: str) -> dict[str, str | None]:
-    """The parts of a run id (``harness.schema.RunId``) as a dict; raises ``ValueError`` for anything else."""
+    """The parts of a run id (``harness.record.schema.RunId``) as a dict; raises ``ValueError`` for anything else."""
     parsed = RunId.parse(run_id)
     return {name: getattr(parsed, name) for name in parsed.__dataclass_fields__}
 

@@ -19,7 +19,7 @@ import pandas as pd
 from harness.analysis.results import one_batch_size
 from harness.analysis.stats import PAIR_KEY, compare, select, stratified_paired_bootstrap
 from harness.analysis.variants import display, variant
-from harness.records import DuplicateRecordError
+from harness.record.files import DuplicateRecordError
 
 NOT_RUN = "not run"
 AVERAGE = "average"

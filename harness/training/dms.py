@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from harness.attention import Call
+from harness.decode.attention import Call
 from harness.training.joint import Pattern
 from harness.training.kvpop.pattern import save_policy
 from harness.training.kvpop.sparse import attend_kept, attend_soft

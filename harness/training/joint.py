@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 
-from harness.attention import AttentionFunction, Call
+from harness.decode.attention import AttentionFunction, Call
 from methods.finetuned import Finetune
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from harness.analysis.figures.common import Figure, save  # noqa: E402
 from harness.analysis.papers.fdkvc import GAMMAS, METHODS, NAMES, W_C, WORLD, w_c_pair  # noqa: E402
 from harness.analysis.spec import one_per_example, restrict  # noqa: E402
 from harness.analysis.variants import display, variant  # noqa: E402
-from harness.records import read_records  # noqa: E402
+from harness.record.files import read_records  # noqa: E402
 
 
 def _runs(frame: pd.DataFrame, variants: list[str]) -> pd.DataFrame:

@@ -19,7 +19,7 @@ from harness.analysis.figures.common import Figure, save  # noqa: E402
 from harness.analysis.results import one_batch_size, run_folders  # noqa: E402
 from harness.analysis.variants import display  # noqa: E402
 from harness.config import experiment_preset  # noqa: E402
-from harness.records import read_records  # noqa: E402
+from harness.record.files import read_records  # noqa: E402
 
 RECALL = re.compile(r"meta\.recall_l(\d+)_h(\d+)")
 #: Fig. 4's methods: dense attention, DMS and KVpop.

@@ -265,7 +265,7 @@ def field_mean(column: str, scale: float = 1.0, digits: int = 2) -> Cell:
 
 def _peak_columns() -> list[Line]:
     """Peak-memory columns for the record fields that carry them (the engine's; absent before it records them)."""
-    from harness.schema import NUMERIC_FIELDS
+    from harness.record.schema import NUMERIC_FIELDS
 
     names = [name for name in NUMERIC_FIELDS if "peak" in name]
     return [Line(f"{name} (GB)", cell=field_mean(name, 1e-9, 2)) for name in names]

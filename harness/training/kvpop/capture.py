@@ -1,6 +1,6 @@
 """Capture post-RoPE queries, keys and values of a frozen model through an attention function of our own.
 
-``kvpop_capture`` (``harness.attention``) records every layer's ``(query, key, value)`` (keys and
+``kvpop_capture`` (``harness.decode.attention``) records every layer's ``(query, key, value)`` (keys and
 values per KV head, not repeated) into the active ``Capture``, then computes attention with SDPA
 as usual.
 """
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from harness.attention import AttentionFunction, Call
+from harness.decode.attention import AttentionFunction, Call
 
 
 @dataclass

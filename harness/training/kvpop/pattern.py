@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from harness.attention import Call
+from harness.decode.attention import Call
 from harness.training.joint import Pattern
 from harness.training.kvpop.loss import Weighting, boundary_loss, sample_queries
 from harness.training.kvpop.sparse import attend_kept, streaming_drop

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from harness.attention import Call
+from harness.decode.attention import Call
 from methods.kvpop.ranking import drop_times, kept_mask
 
 ATTENTIONS = ("auto", "dense", "flex")

@@ -1,6 +1,6 @@
 """The engine's attention function: scores for the method from the attention the model computes anyway.
 
-Registered as ``evictbench`` (``harness.attention``). While the engine decodes a sequence, the
+Registered as ``evictbench`` (``harness.decode.attention``). While the engine decodes a sequence, the
 forward's state is a ``StepState`` holding the method's ``Driver`` and the cache. At a decode step
 (one query row) whose method wants scores, or adds a logit bias, the softmax weights are computed
 explicitly, used for the output *and* handed to the method, so scoring costs no second
@@ -8,7 +8,7 @@ attention pass. A ragged layer (its KV heads hold different counts) is attended 
 Every other call (the prefill, steps without scoring) goes to SDPA; a decode step of several
 sequences (``BatchState``) serves each row alone, over its own cache; a prefill the
 method observes calls SDPA's CPU flash kernel directly, for the rows' log-normalisers it also
-returns (the prompt votes' fused pass, ``harness.attention.causal_column_mass``).
+returns (the prompt votes' fused pass, ``harness.decode.attention.causal_column_mass``).
 
 Prefill-time calls may evict: a method that decides layer by layer gets the layer right after
 its observation and the layer's cache is cut before the next layer runs. A context-reconstruction
@@ -24,8 +24,8 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from harness import kv_cache
-from harness.attention import AttentionFunction, Call, causal_column_mass
+from harness.decode import kv_cache
+from harness.decode.attention import AttentionFunction, Call, causal_column_mass
 from methods.base import LayerView
 from methods.driver import Driver
 

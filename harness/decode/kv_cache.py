@@ -6,7 +6,7 @@ The cache API moves between transformers releases (``past_key_values`` became ``
 A layer whose KV heads keep different numbers of entries (a per-head budget: AdaKV, KVzip) is
 stored ragged (``RaggedLayer``): the heads' entries packed one after another, so it holds
 exactly the entries kept, no padding. Attention over it runs head by head
-(``harness.evicting_attention``): on 2 CPU cores, per-head calls on views of the packed rows
+(``harness.decode.evicting_attention``): on 2 CPU cores, per-head calls on views of the packed rows
 took 0.7 ms per layer against 1.4 ms for padding the heads into one tensor per step (3 KV
 heads, ~1000 entries each; 15 ms against 144 ms at 8 heads x 6400 entries), and a stored
 padded layout would hold up to the longest head's length in every head.

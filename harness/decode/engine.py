@@ -20,12 +20,12 @@ import torch
 from torch import Tensor
 from transformers import PretrainedConfig, PreTrainedModel
 
-from harness import kv_cache
-from harness.attention import select
-from harness.evicting_attention import EVICTING, BatchState, StepState
+from harness.decode import kv_cache
+from harness.decode.attention import select
+from harness.decode.evicting_attention import EVICTING, BatchState, StepState
+from harness.decode.reconstruction import reconstruction_passes
+from harness.decode.sampling import Sampling
 from harness.models import check_length
-from harness.reconstruction import reconstruction_passes
-from harness.sampling import Sampling
 from methods.base import EvictionMethod, SequenceInfo
 from methods.driver import Driver
 from methods.stopwatch import Stopwatch, synchronize
@@ -242,33 +242,8 @@ class Engine:
         return time.perf_counter()
 
     @torch.inference_mode()
-    def generate(
-        self,
-        input_ids: list[int],
-        max_new_tokens: int,
-        stop_token_ids: set[int] | frozenset[int] = frozenset(),
-        stop: Callable[[list[int]], bool] | None = None,
-        seed: int = 0,
-        forced: list[int] | None = None,
-        min_new_tokens: int = 0,
-        sampling: Sampling | None = None,
-    ) -> Generation:
-        """Generate up to ``max_new_tokens`` after ``input_ids``.
-
-        Generation ends at a token in ``stop_token_ids`` (kept in ``tokens``) or when
-        ``stop(tokens)`` says so (stop strings). With ``forced``, those tokens are fed instead
-        of sampled ones (teacher forcing, ``max_new_tokens`` and stops ignored) and the
-        log-probability of each is returned; the method evicts exactly as in generation.
-        Until ``min_new_tokens`` tokens exist, stop tokens cannot be sampled and stop strings
-        are not checked. ``sampling`` replaces the engine's for this sequence.
-        """
-        return self.serve(
-            Request(input_ids, max_new_tokens, stop_token_ids, stop, seed, forced, min_new_tokens, sampling)
-        )
-
-    @torch.inference_mode()
-    def serve(self, request: Request) -> Generation:
-        """``generate`` for a ``Request``."""
+    def generate(self, request: Request) -> Generation:
+        """Decode ``request`` alone: its prefill, then up to ``max_new_tokens`` steps under the method."""
         sequence = self._start(request, self.method)
         while not sequence.finished:
             start = self._clock()
@@ -295,7 +270,7 @@ class Engine:
         """
         if batch_size == 1:
             for key, request in requests:
-                yield key, self.serve(request)
+                yield key, self.generate(request)
             return
         pending = iter(requests)
         free = [self.method, *(copy.deepcopy(self.method) for _ in range(batch_size - 1))]
@@ -395,7 +370,15 @@ Key = TypeVar("Key")
 
 @dataclass
 class Request:
-    """One sequence for ``Engine.generate_batch``: the arguments of ``Engine.generate``."""
+    """One sequence to decode (``Engine.generate``, ``Engine.generate_batch``).
+
+    Generation ends at a token in ``stop_token_ids`` (kept in the tokens) or when ``stop(tokens)``
+    says so (stop strings), and after ``max_new_tokens`` at the latest. With ``forced``, those tokens
+    are fed instead of sampled ones (teacher forcing; ``max_new_tokens`` and stops ignored) and the
+    log-probability of each is returned; the method evicts exactly as in generation. Until
+    ``min_new_tokens`` tokens exist, stop tokens cannot be sampled and stop strings are not checked.
+    ``sampling`` replaces the engine's for this sequence; ``seed`` seeds its draws.
+    """
 
     input_ids: list[int]
     max_new_tokens: int

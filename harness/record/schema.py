@@ -15,7 +15,7 @@ A run id names a results folder and is derived from the config, never from the c
 - ``rho``: the compression ratio as a float (``format_rho``), so ``rho=0`` and ``rho=0.0`` name
   one run.
 
-``harness.identity`` computes the identity; ``SCHEMA_VERSION`` numbers its rules and the record
+``harness.record.identity`` computes the identity; ``SCHEMA_VERSION`` numbers its rules and the record
 format, and every record carries the version it was written under (records without one are
 version 1). Version 2: local data files by content, rho as a float, the batch size above 1 in
 the model part.

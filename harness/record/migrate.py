@@ -1,11 +1,11 @@
-"""``python -m harness.migrate [results_dir] [--dry-run]``: re-identify run folders made under older rules.
+"""``python -m harness.record.migrate [results_dir] [--dry-run]``: re-identify run folders made under older rules.
 
-When the rules of the run id change (``harness.schema.SCHEMA_VERSION``), a run of an unchanged
+When the rules of the run id change (``harness.record.schema.SCHEMA_VERSION``), a run of an unchanged
 config gets another id, and ``harness.run`` refuses to start beside the folder of its older one.
 This command moves such records to the folders today's rules name:
 
 - each run folder whose records predate ``SCHEMA_VERSION`` is re-identified from its saved
-  ``config.yaml`` (``harness.identity.reidentify``), once per batch size its records were
+  ``config.yaml`` (``harness.record.identity.reidentify``), once per batch size its records were
   decoded at (the batch size above 1 is part of the identity since version 2, so a folder that
   mixed batch sizes splits in two);
 - every record keeps its content; ``schema_version``, ``run_id``, ``rho`` (a float) and
@@ -33,10 +33,10 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from harness.errors import UserError, cli
-from harness.identity import batch_sizes, record_version, reidentify, saved_config
-from harness.records import RecordFile, RunLock, append_lines, encode, read_records, write_atomic
-from harness.schema import RECORD_FIELDS, SCHEMA_VERSION, canonical_rho
-from harness.summary import summarize
+from harness.record.files import RecordFile, RunLock, append_lines, encode, read_records, write_atomic
+from harness.record.identity import batch_sizes, record_version, reidentify, saved_config
+from harness.record.schema import RECORD_FIELDS, SCHEMA_VERSION, canonical_rho
+from harness.record.summary import summarize
 
 DIAGNOSTICS = "diagnostics.jsonl"
 
@@ -160,13 +160,15 @@ def migrate_folder(folder: Path, dry_run: bool = False) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.migrate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.record.migrate", description=__doc__.splitlines()[0])
     parser.add_argument("results_dir", nargs="?", default="results", help="the results root (default: results)")
     parser.add_argument("--dry-run", action="store_true", help="print what would move, change nothing")
     args = parser.parse_args(argv)
     root = Path(args.results_dir)
     if not root.is_dir():
-        raise UserError(f"{root} is not a folder — pass the results root, e.g. python -m harness.migrate results")
+        raise UserError(
+            f"{root} is not a folder — pass the results root, e.g. python -m harness.record.migrate results"
+        )
     changed, conflicts = 0, 0
     for path in sorted(root.glob("*/records.jsonl")):
         if path.parent.name.startswith("."):

@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness.schema import SCHEMA_VERSION
+from harness.record.schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 

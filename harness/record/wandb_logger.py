@@ -16,7 +16,7 @@ from typing import Any, Self
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness.schema import NUMERIC_FIELDS
+from harness.record.schema import NUMERIC_FIELDS
 
 
 def step_values(record: dict[str, Any]) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """What a run is: the identity a run id is computed from, and the run folders of older identities.
 
-``identify`` turns a composed config into a ``RunId`` (``harness.schema`` owns its format) and
+``identify`` turns a composed config into a ``RunId`` (``harness.record.schema`` owns its format) and
 the ``Identity`` every record carries in full. Everything that changes an output is in it:
 
 - the model's outputs-relevant fields on its device, and the batch size when it is above 1:
@@ -11,11 +11,11 @@ the ``Identity`` every record carries in full. Everything that changes an output
 - the task's protocol (local data files by their content, ``tasks.digest``), and sampling
   when it is not greedy; rho and the seed have their own parts.
 
-A rule that changes (``SCHEMA_VERSION`` in ``harness.schema``) moves runs to new folders. The
+A rule that changes (``SCHEMA_VERSION`` in ``harness.record.schema``) moves runs to new folders. The
 folder under the old rule is not left behind silently: ``older_folders`` finds it (the same
 model, method, task, rho and seed, whose records predate the rule and whose saved config,
 re-identified under today's rule, names this run) so the run refuses to start beside it and
-names the command that re-identifies it (``python -m harness.migrate``).
+names the command that re-identifies it (``python -m harness.record.migrate``).
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.config import model_spec
 from harness.models import ModelSpec, resolve_device
-from harness.records import read_first_record, read_records
-from harness.schema import SCHEMA_VERSION, RunId, canonical_rho, digest, format_rho
+from harness.record.files import read_first_record, read_records
+from harness.record.schema import SCHEMA_VERSION, RunId, canonical_rho, digest, format_rho
 from tasks.base import Task, TaskProtocol
 from tasks.digest import file_sha256
 
 #: The command that re-identifies run folders made under an older rule.
-MIGRATE = "python -m harness.migrate"
+MIGRATE = "python -m harness.record.migrate"
 
 
 def _method_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +73,7 @@ class Identity:
 
 
 def identify(cfg: DictConfig, task: Task, spec: ModelSpec | None) -> tuple[RunId, Identity]:
-    """The run id of ``cfg`` and what it is computed from (``harness.schema`` has the format).
+    """The run id of ``cfg`` and what it is computed from (``harness.record.schema`` has the format).
 
     ``cfg.rho`` is made canonical first, so the method parameters that interpolate it agree with the id.
     """
