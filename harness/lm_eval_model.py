@@ -41,12 +41,13 @@ from lm_eval.utils import setup_logging
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from harness.config import compose_config
+from harness.config import check_options, check_top_level, compose_config
 from harness.decode import kv_cache
 from harness.decode.engine import Engine
 from harness.errors import cli, user_errors
 from harness.models import ModelSpec, load_config, load_model, load_tokenizer
-from harness.run import call_request, check_call, check_top_level, stop_token_ids
+from harness.options import check_types
+from harness.protocols.requests import call_request, check_call, stop_token_ids
 from methods.base import EvictionMethod
 from tasks.base import Call, CallResult
 from tasks.lm_eval.requests import LmEvalRequests, ranked_documents
@@ -91,6 +92,7 @@ def compose(model_args: dict[str, Any], device: str | None = None) -> DictConfig
     with user_errors():
         cfg = compose_config(*overrides(model_args, device))
         check_top_level(cfg)
+        check_options(cfg, overrides(model_args, device))
     return cfg
 
 
@@ -113,6 +115,7 @@ class EvictbenchLM(LmEvalRequests):
             self.decode_batch = batch_sequences(batch_size)
             spec = ModelSpec.from_config(self.cfg.model)
             self.method: EvictionMethod = instantiate(self.cfg.method)
+            check_types(self.method, "method")
             tokenizer = load_tokenizer(spec)
             self.model_config = load_config(spec)
             kv_cache.check_layers(self.model_config, spec.name)

@@ -26,6 +26,8 @@ from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, PreTrainedModel
 
 from harness.options import check_types
+from harness.record.files import writable_folder
+from harness.record.schema import flatten
 from tasks.digest import file_sha256
 
 SOURCES = ("gguf_package", "hub", "random")
@@ -109,15 +111,9 @@ class ModelSpec:
 
     def differences(self, preset: ModelSpec, device: torch.device) -> dict[str, Any]:
         """What differs from ``preset`` run on a CPU, flattened (``config.<field>``): the model's variant."""
-        mine = _flat(self.identity(device))
-        theirs = _flat(preset.identity(torch.device("cpu")))
+        mine = flatten(self.identity(device))
+        theirs = flatten(preset.identity(torch.device("cpu")))
         return {key: mine.get(key) for key in sorted(mine.keys() | theirs.keys()) if mine.get(key) != theirs.get(key)}
-
-
-def _flat(identity: dict[str, Any]) -> dict[str, Any]:
-    flat = {key: value for key, value in identity.items() if key != "config"}
-    flat.update({f"config.{key}": value for key, value in identity["config"].items()})
-    return flat
 
 
 def cache_root() -> Path:
@@ -187,19 +183,6 @@ def _checked_gguf(spec: ModelSpec) -> Path:
             f" or set model.sha256={found} to evaluate this file under a new run id"
         )
     return path
-
-
-def writable_folder(folder: Path, option: str) -> Path:
-    """Create ``folder`` if needed and check that files can be written there; ``option`` names its setting."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
-            pass
-    except OSError as error:
-        raise ValueError(
-            f"cannot write to {folder} ({error.strerror or error}) — set {option} to a folder you can write"
-        ) from error
-    return folder
 
 
 def _converted_folder(spec: ModelSpec) -> Path:

@@ -1,9 +1,11 @@
 """Every option the user sets, checked against what the code declares, before anything is built.
 
+``harness.config.check_options`` applies them to a composed config:
+
 Hydra composes whatever the command line says: ``+method.selection.sinkz=4`` reaches the
 constructor as an unknown keyword (a traceback), ``+rhoo=0.5`` is kept silently, and
-``task.chat_template=maybe`` is a truthy string. Three checks close that, each naming the
-option as the user writes it and the fix:
+``task.chat_template=maybe`` is a truthy string. Each check names the option as the user writes
+it and the fix:
 
 - ``check_appended``: a ``+key=value`` on the command line must name an option some part of
   the config reads (a top-level option, a config group, or a field of an instantiated node);
@@ -106,7 +108,7 @@ def _matches(value: Any, hint: Any) -> bool | None:
     if hint is bool:
         return isinstance(value, bool)
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return is_int(value)
     if hint is float:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if hint is str:
@@ -162,3 +164,13 @@ def check_types(obj: Any, prefix: str) -> None:
             raise ValueError(f"{option}={value!r} is not {_type_name(hint)} — set {option} to one{quote}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{option}={value!r} is not a finite number — use a finite value")
+
+
+def is_int(value: object) -> bool:
+    """An int, not a bool (``true`` on the command line is no number)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """A finite int or float, not a bool: what a numeric option may hold (records are strict JSON)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -164,6 +164,12 @@ class EvictionMethod(ABC):
     #: the end of the cache leaves this False.
     order_free: bool = False
 
+    def check(self, info: SequenceInfo) -> int | None:
+        """Refuse (``ValueError``) a sequence this method cannot serve, changing no state; else the budget it
+        would keep for it (``budget()`` once begun; None: no limit). Callers check every sequence before any
+        weights load; ``begin`` takes its budget from here."""
+        return None
+
     def begin(self, info: SequenceInfo) -> None:
         """Start a new sequence: drop all state from the previous one."""
         self.info = info

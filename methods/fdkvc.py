@@ -151,9 +151,12 @@ class FDKVC(EvictionMethod):
                 )
 
     # ----------------------------------------------------------------- state layout
+    def check(self, info: SequenceInfo) -> int | None:
+        return self.selection.budget_for(info.prefill_len)
+
     def begin(self, info: SequenceInfo) -> None:
         super().begin(info)
-        self._budget = self.selection.budget_for(info.prefill_len)
+        self._budget = self.check(info)
         self._active = self._budget is not None or self.beta > 0
         capacity = info.prefill_len + info.max_new_tokens + 1
         granularity = self.selection.granularity

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FILENAME = "evictbench_finetune.json"
-PATTERNS = ("kvpop", "dms", "streaming")
 
 
 @dataclass(frozen=True)

@@ -77,9 +77,12 @@ class HeadScoredEviction(EvictionMethod):
                 " (method/scorer=expected_attention)"
             )
 
+    def check(self, info: SequenceInfo) -> int | None:
+        return self.selection.budget_for(info.prefill_len)
+
     def begin(self, info: SequenceInfo) -> None:
         super().begin(info)
-        self._budget = self.selection.budget_for(info.prefill_len)
+        self._budget = self.check(info)
         self._scores: dict[int, Tensor | tuple[Tensor, ...]] = {}
         self.scorer.begin(info)
 

@@ -68,9 +68,12 @@ class KVzip(EvictionMethod):
         require_int("method.chunk", self.chunk, minimum=1, example=2048)
         require_int("method.overlap", self.overlap, minimum=0, example=8)
 
+    def check(self, info: SequenceInfo) -> int | None:
+        return self.selection.budget_for(info.prefill_len)
+
     def begin(self, info: SequenceInfo) -> None:
         super().begin(info)
-        self._budget = self.selection.budget_for(info.prefill_len)
+        self._budget = self.check(info)
         self.scores = torch.zeros(info.num_layers, info.num_kv_heads, info.prefill_len, device=info.device)
         self._hidden: list[Tensor] | None = None
 

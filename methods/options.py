@@ -12,9 +12,14 @@ def is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def is_int(value: object) -> bool:
+    """An int, not a bool (Python's bool is an int, but ``true`` on the command line is no count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def require_int(option: str, value: object, minimum: int, example: int) -> None:
     """Refuse ``option=value`` unless it is an integer >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ValueError(f"{option}={value!r} must be an integer >= {minimum} — use e.g. {option}={example}")
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from methods.aggregation import Aggregator
+from methods.aggregators.base import Aggregator
 from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
 from methods.options import require_int, require_number
 from methods.prompt_attention import prompt_attention_votes
@@ -39,7 +39,7 @@ class ScoredEviction(EvictionMethod):
 
     Parameters:
         scorer: per-step signal (``methods.scorers``).
-        aggregator: temporal rule (``methods.aggregation``).
+        aggregator: temporal rule (``methods.aggregators``).
         selection: budget, sinks, window, granularity.
         refresh_every: observe scores only on steps t with (t-1) mod r == 0 (InertiaKV Lazy-r);
             evict every step on the stale state.
@@ -104,9 +104,22 @@ class ScoredEviction(EvictionMethod):
                 " method.prefill_attention=true observes — set it, or method.prefill_window=0"
             )
 
+    def check(self, info: SequenceInfo) -> int | None:
+        budget = self.selection.budget_for(info.prefill_len)
+        rescue = 0 if budget is None else exact_floor(self.rescue_fraction * budget)
+        if rescue:
+            protected = self.selection.sinks + self.selection.recent(budget)
+            protected += exact_floor(self.selection.reserve_fraction * budget)
+            if protected > budget - rescue:
+                raise ValueError(
+                    f"method.rescue_fraction={self.rescue_fraction} takes {rescue} of B={budget} slots,"
+                    f" leaving fewer than the {protected} protected entries — lower it, or shrink the protection"
+                )
+        return budget
+
     def begin(self, info: SequenceInfo) -> None:
         super().begin(info)
-        self._budget = self.selection.budget_for(info.prefill_len)
+        self._budget = self.check(info)
         capacity = info.prefill_len + info.max_new_tokens + 1
         rows = info.num_kv_heads if self.selection.granularity == "head" else 1
         layers = 1 if self.selection.granularity == "token" else info.num_layers
@@ -115,13 +128,6 @@ class ScoredEviction(EvictionMethod):
         self.aggregator.begin(info)
         self._rescue = 0 if self._budget is None else exact_floor(self.rescue_fraction * self._budget)
         if self._rescue:
-            protected = self.selection.sinks + self.selection.recent(self._budget)
-            protected += exact_floor(self.selection.reserve_fraction * self._budget)
-            if protected > self._budget - self._rescue:
-                raise ValueError(
-                    f"method.rescue_fraction={self.rescue_fraction} takes {self._rescue} of B={self._budget} slots,"
-                    f" leaving fewer than the {protected} protected entries — lower it, or shrink the protection"
-                )
             # Each entry's highest single-layer score until the first eviction.
             self.peak = torch.zeros_like(self.state)
         self._evicted = False

@@ -8,20 +8,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from methods.options import is_int, is_number
+
 GRANULARITIES = ("token", "layer", "head")
 
 
 def check_rho(rho: object) -> None:
     """Refuse a compression ratio that is not a number in [0, 1)."""
     meaning = "rho is the fraction of the prompt cache evicted"
-    if isinstance(rho, bool) or not isinstance(rho, int | float):
+    if not is_number(rho):
         raise ValueError(f"rho={rho!r} is not a number — {meaning}: use a value in [0, 1), e.g. rho=0.9")
     if not 0.0 <= rho < 1.0:
         raise ValueError(f"rho={rho!r} is outside [0, 1) — {meaning}: use e.g. rho=0.9 (rho=0 keeps everything)")
-
-
-def _is_int(value: object, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def exact_floor(value: float) -> int:
@@ -62,17 +60,18 @@ class Selection:
     def __post_init__(self) -> None:
         check_rho(self.rho)
         where = "method.selection"
-        if self.budget_tokens is not None and not _is_int(self.budget_tokens, 1):
+        if self.budget_tokens is not None and (not is_int(self.budget_tokens) or self.budget_tokens < 1):
             raise ValueError(
                 f"{where}.budget_tokens={self.budget_tokens!r} is not a positive number of cache entries"
                 " — use e.g. budget_tokens=256, or null to follow rho"
             )
         for option in ("sinks", "window"):
-            if not _is_int(getattr(self, option), 0):
-                raise ValueError(f"{where}.{option}={getattr(self, option)!r} is not an integer >= 0 — use e.g. 4")
+            value = getattr(self, option)
+            if not is_int(value) or value < 0:
+                raise ValueError(f"{where}.{option}={value!r} is not an integer >= 0 — use e.g. 4")
         for option, example in (("recent_fraction", "0.5 (half the budget)"), ("reserve_fraction", "0.1")):
             value = getattr(self, option)
-            if isinstance(value, bool) or not (isinstance(value, int | float) and 0.0 <= value < 1.0):
+            if not (is_number(value) and 0.0 <= value < 1.0):
                 raise ValueError(f"{where}.{option}={value!r} is outside [0, 1) — use e.g. {where}.{option}={example}")
         if self.granularity not in GRANULARITIES:
             raise ValueError(

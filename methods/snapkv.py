@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
+from methods.options import is_int
 from methods.prompt_attention import prompt_attention_votes
 from methods.selection import Selection
 
@@ -45,7 +46,7 @@ class SnapKV(EvictionMethod):
         if self.pooling not in POOLINGS:
             raise ValueError(f"method.pooling={self.pooling!r} is not a pooling — use one of {', '.join(POOLINGS)}")
         size = self.kernel_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1 or size % 2 == 0:
+        if not is_int(size) or size < 1 or size % 2 == 0:
             raise ValueError(
                 f"method.kernel_size={size!r} must be a positive odd integer — use e.g. method.kernel_size=7"
             )
@@ -60,9 +61,12 @@ class SnapKV(EvictionMethod):
                 "— use e.g. method.selection.window=32"
             )
 
+    def check(self, info: SequenceInfo) -> int | None:
+        return self.selection.budget_for(info.prefill_len)
+
     def begin(self, info: SequenceInfo) -> None:
         super().begin(info)
-        self._budget = self.selection.budget_for(info.prefill_len)
+        self._budget = self.check(info)
         self._scores: dict[int, Tensor] = {}
 
     def budget(self) -> int | None:

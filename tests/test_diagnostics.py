@@ -12,13 +12,13 @@ from harness.decode.retention import (
     StepSnapshot,
     boundary_margin,
     churn,
-    jaccard,
     normalised_entropy,
     spearman,
     summarize_series,
     top_b,
     trace_series,
 )
+from methods.overlap import jaccard
 
 
 def test_set_measures() -> None:
@@ -96,6 +96,18 @@ def test_recorder_on_a_tiny_model(tmp_path, tiny_models) -> None:
     assert lines[0]["top_k"] == 2
     first = lines[0]["first_scores"]
     assert first["positions"] == list(range(41)) and len(first["raw"]) == 41
+
+
+def test_the_tap_keeps_the_scorers_cache_order_needs() -> None:
+    # The tapped scorer reads the cache's order as the one it wraps does: no slot refills under norm scorers.
+    from conftest import named_method
+
+    from harness.decode.retention import RetentionRecorder
+
+    for scorer, order_free in (("attention", True), ("vnorm", False), ("keynorm", False)):
+        method = named_method("inertia", "rho=0.5", f"method/scorer={scorer}")
+        RetentionRecorder(method)
+        assert type(method.scorer).__name__ == "_Tap" and method.order_free is order_free, scorer
 
 
 def test_trace_measures_on_the_top_k_and_at_the_boundary_by_hand() -> None:

@@ -7,7 +7,7 @@ import torch
 from conftest import named_method
 
 from harness.decode import kv_cache
-from harness.decode.attention import Call, causal_column_mass
+from harness.decode.attention import AttentionCall, causal_column_mass
 from harness.decode.engine import Engine, Request
 from harness.decode.evicting_attention import ragged_single_query_attention, single_query_attention
 from methods.base import LayerView, SequenceInfo
@@ -58,7 +58,7 @@ def test_prefill_kernel_returns_the_sdpa_output_and_each_rows_log_normaliser(tin
     dim = model.config.hidden_size // heads
     query = torch.randn(1, heads, 12, dim, generator=generator)
     key, value = torch.randn(2, 1, kv_heads, 12, dim, generator=generator)
-    call = Call(module, query, key, value, None, dim**-0.5, {})
+    call = AttentionCall(module, query, key, value, None, dim**-0.5, {})
     output, lse = call.causal_sdpa_with_lse()
     assert torch.equal(output, call.sdpa()[0])
     view = LayerView(0, key[0], value[0], torch.arange(12).expand(kv_heads, -1), queries=query[0], scaling=dim**-0.5)
@@ -153,7 +153,7 @@ def test_per_step_shortcuts_keep_the_tokens_of_the_direct_computation(tiny_model
     ids = torch.randint(0, model.config.vocab_size, (96,), generator=torch.Generator().manual_seed(6)).tolist()
     fast = Engine(model, named_method(*method, "method.selection.budget_tokens=40")).generate(Request(ids, 12))
     monkeypatch.setattr(EntryNorms, "begin", lambda self, info: None)
-    monkeypatch.setattr(Call, "causal_sdpa_with_lse", lambda self: (self.sdpa()[0], None))
+    monkeypatch.setattr(AttentionCall, "causal_sdpa_with_lse", lambda self: (self.sdpa()[0], None))
     slow = Engine(model, named_method(*method, "method.selection.budget_tokens=40")).generate(Request(ids, 12))
     assert fast.tokens == slow.tokens and fast.cache_len_final == slow.cache_len_final < 96 + 12
 

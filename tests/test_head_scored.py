@@ -32,6 +32,7 @@ class GivenScores(Scorer):
 
     table: dict[int, Tensor]
     needs_attention: ClassVar[bool] = False
+    order_free: ClassVar[bool] = True  # looked up by absolute position
     scores_ragged: ClassVar[bool] = True
 
     def score(self, view: LayerView) -> Tensor | tuple[Tensor, ...]:

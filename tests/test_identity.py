@@ -229,3 +229,25 @@ def test_a_record_of_a_future_version_is_refused(tmp_path):
     (folder / "records.jsonl").write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1, "example_id": "a"}) + "\n")
     with pytest.raises(ValueError, match=rf"schema version {SCHEMA_VERSION + 1}, newer than .* — upgrade evictbench"):
         read_records(folder / "records.jsonl")
+
+
+def test_a_folder_of_schema_version_2_moves_where_version_3_puts_it(tmp_path):
+    results = tmp_path / "r"
+    cfg = compose_config(*TINY, "task.n=2", "method=inertia", "rho=0.5", f"results_dir={results}")
+    folder = results / execute(cfg)["run_id"]
+    # As version 2 wrote it: rho inside the method hash, the aggregators in one module.
+    config = (folder / "config.yaml").read_text().replace("methods.aggregators.ema.EMA", "methods.aggregation.EMA")
+    (folder / "config.yaml").write_text(config)
+    lines = []
+    for record in read_records(folder / "records.jsonl"):
+        record["schema_version"] = 2
+        record["identity"]["method"]["selection"]["rho"] = 0.5
+        record["identity"]["method"]["aggregator"]["_target_"] = "methods.aggregation.EMA"
+        lines.append(json.dumps(record) + "\n")
+    (folder / "records.jsonl").write_text("".join(lines))
+    old = folder.rename(results / folder.name.replace("inertia-", "inertia-0000"))
+    with pytest.raises(UserError, match="older run id"):
+        execute(cfg)
+    assert migrate_folder(old) == [f"{old.name} -> {folder.name}: 2 records (2 new there)"]
+    assert execute(compose_config(*TINY, "task.n=2", "method=inertia", "rho=0.5", f"results_dir={results}"))["n"] == 2
+    assert "rho" not in json.dumps(read_records(folder / "records.jsonl")[0]["identity"]["method"])

@@ -12,12 +12,15 @@ import torch
 from conftest import named_method, refused
 from test_methods_scored import observe_layers, seq, start, step
 
-from methods.adaptive_alpha import AdaptiveEMA, choose, risk
-from methods.aggregation import EMA, SingleStep, overlap, top_k, top_positions
+from methods.aggregators.adaptive import AdaptiveEMA, choose, risk
+from methods.aggregators.base import top_k, top_positions
+from methods.aggregators.ema import EMA
+from methods.aggregators.reactive import ReactiveEMA
+from methods.aggregators.single_step import SingleStep
 from methods.base import LayerView
 from methods.driver import Driver
+from methods.overlap import jaccard, tensor_jaccard
 from methods.prompt_attention import prompt_attention_votes
-from methods.reactive_alpha import ReactiveEMA
 from methods.scored import ScoredEviction
 from methods.scorers.attention import AttentionScorer
 from methods.scorers.keynorm import KeyNormScorer
@@ -153,7 +156,9 @@ def test_risk_and_choice_by_hand() -> None:
 
 def test_top_sets_and_overlap() -> None:
     assert top_positions(torch.tensor([10, 11, 12, 13]), torch.tensor([0.1, 0.4, 0.3, 0.2]), 2).tolist() == [11, 12]
-    assert overlap(torch.tensor([1, 2, 3]), torch.tensor([2, 3, 4])) == pytest.approx(0.5)
+    assert tensor_jaccard(torch.tensor([1, 2, 3]), torch.tensor([2, 3, 4])) == pytest.approx(0.5)
+    assert tensor_jaccard(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long)) == 1.0
+    assert jaccard([1, 2, 3], {2, 3, 4}) == pytest.approx(0.5) and jaccard([], set()) == 1.0
     assert top_k(51, 0.1) == 6 and top_k(50, 0.1) == 5 and top_k(3, 0.1) == 1
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_kvpop import kvpop_method, tiny_checkpoint
 
-from harness.decode.attention import Call
+from harness.decode.attention import AttentionCall
 from harness.decode.engine import Engine, Request
 from harness.training.joint import distillation_kl
 from harness.training.kvpop.sparse import attend_kept, attend_soft, kvpop_mask, streaming_drop, streaming_mask
@@ -45,15 +45,15 @@ def test_mask_is_the_attention_pattern_the_engine_produces(tiny_models, tmp_path
                 assert kept[step][layer][head].tolist() == expected[head].nonzero().flatten().tolist(), (layer, step)
 
 
-def call(length: int = 24, seed: int = 0) -> Call:
+def call(length: int = 24, seed: int = 0) -> AttentionCall:
     generator = torch.Generator().manual_seed(seed)
     query, key, value = (torch.randn(1, heads, length, 8, generator=generator) for heads in (4, 2, 2))
     module = torch.nn.Module()
     module.layer_idx = 0
-    return Call(module, query, key, value, None, 8**-0.5, {})
+    return AttentionCall(module, query, key, value, None, 8**-0.5, {})
 
 
-def dense(c: Call, allowed: torch.Tensor) -> torch.Tensor:
+def dense(c: AttentionCall, allowed: torch.Tensor) -> torch.Tensor:
     """Reference attention of ``c`` under a ``(heads, S, S)`` boolean mask, output ``(1, S, H, D)``."""
     key, value = c.key.repeat_interleave(2, dim=1), c.value.repeat_interleave(2, dim=1)
     logits = ((c.query @ key.transpose(-1, -2)) * c.scaling).masked_fill(~allowed, -torch.inf)

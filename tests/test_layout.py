@@ -2,6 +2,12 @@
 
 - ``tasks/`` imports neither ``methods/`` nor ``harness/``; ``methods/`` neither ``tasks/`` nor ``harness/``;
 - the runtime (``harness/`` outside ``harness.analysis`` and ``harness.training``) imports neither;
+- inside the runtime, the decode room (``harness.decode``) imports no protocol and nothing of the
+  record but its schema (the declared figures its output carries); the protocols
+  (``harness.protocols``) import the decode room, and of the record only its schema; the record
+  (``harness.record``) imports neither the decode room nor the protocols;
+- no module imports an entry point (``harness.run``, ``harness.bench``, ``harness.lm_eval_model``,
+  ``harness.record.migrate``): the library is what entry points share;
 - no import cycle between modules.
 
 Every ``import`` counts, also one inside a function. An edge goes to the module named (for
@@ -55,16 +61,29 @@ def graph() -> dict[str, set[str]]:
     return {name: imports(path, modules) - {name} for name, path in modules.items()}
 
 
+ROOMS = ("harness.analysis", "harness.training", "harness.decode", "harness.protocols", "harness.record")
+ENTRY_POINTS = ("harness.run", "harness.bench", "harness.lm_eval_model", "harness.record.migrate")
+
+
 def room(module: str) -> str:
-    if module.startswith(("harness.analysis", "harness.training")):
-        return ".".join(module.split(".")[:2])
+    if module == "harness.record.schema":
+        return "harness.record.schema"
+    for name in ROOMS:
+        if module == name or module.startswith(name + "."):
+            return name
     return "harness (runtime)" if module.startswith("harness") else module.split(".")[0]
 
 
+OUTSIDE = {"harness.analysis", "harness.training"}
+RUNTIME = {"harness (runtime)", "harness.decode", "harness.protocols", "harness.record", "harness.record.schema"}
 FORBIDDEN = {
-    "tasks": {"methods", "harness (runtime)", "harness.analysis", "harness.training"},
-    "methods": {"tasks", "harness (runtime)", "harness.analysis", "harness.training"},
-    "harness (runtime)": {"harness.analysis", "harness.training"},
+    "tasks": {"methods", *RUNTIME, *OUTSIDE},
+    "methods": {"tasks", *RUNTIME, *OUTSIDE},
+    "harness (runtime)": OUTSIDE,
+    "harness.record.schema": {*RUNTIME - {"harness.record.schema"}, *OUTSIDE, "tasks", "methods"},
+    "harness.decode": {"harness.protocols", "harness.record", *OUTSIDE, "tasks"},
+    "harness.protocols": {"harness.record", *OUTSIDE},
+    "harness.record": {"harness.decode", "harness.protocols", *OUTSIDE},
 }
 
 
@@ -74,6 +93,13 @@ def test_each_room_imports_only_what_it_may(graph):
         for source, targets in graph.items()
         for target in targets
         if room(target) in FORBIDDEN.get(room(source), set())
+    )
+    assert wrong == []
+
+
+def test_no_module_imports_an_entry_point(graph):
+    wrong = sorted(
+        f"{source} imports {target}" for source, targets in graph.items() for target in targets & set(ENTRY_POINTS)
     )
     assert wrong == []
 

@@ -25,7 +25,8 @@ from harness.decode.engine import Engine, Request
 from harness.errors import UserError
 from harness.lm_eval_model import EvictbenchLM, overrides
 from harness.models import load_model, load_tokenizer
-from harness.run import example_seed, execute, stop_on_strings, stop_token_ids
+from harness.protocols.requests import example_seed, stop_on_strings, stop_token_ids
+from harness.run import execute
 from tasks.base import CallResult
 from tasks.lm_eval.requests import LmEvalRequests
 from tasks.lm_eval.task import LmEvalTask, task_manager

@@ -13,7 +13,8 @@ from hydra.utils import instantiate
 from harness.config import compose_config, model_spec
 from harness.decode.engine import Engine, Request
 from harness.models import ModelSpec, load_model, load_tokenizer
-from harness.run import execute, stop_token_ids
+from harness.protocols.requests import stop_token_ids
+from harness.run import execute
 from methods.full import FullCache
 from tasks.base import TaskProtocol
 from tasks.longbench_v2.protocol import TEMPLATE_0SHOT, extract_answer, fill

@@ -16,7 +16,9 @@ from conftest import refused
 from hydra import compose, initialize_config_dir
 from torch import Tensor
 
-from methods.aggregation import EMA, Cumulative, SingleStep
+from methods.aggregators.cumulative import Cumulative
+from methods.aggregators.ema import EMA
+from methods.aggregators.single_step import SingleStep
 from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
 from methods.driver import Driver
 from methods.full import FullCache
@@ -572,3 +574,12 @@ def test_prefill_attention_needs_the_attention_scorer() -> None:
 )
 def test_bad_options_name_the_option_and_the_fix(build, named: str) -> None:
     refused(lambda: build(), named)
+
+
+def test_checking_a_sequence_changes_nothing_and_gives_its_budget():
+    method = compose_method("method=inertia", "rho=0.5")
+    assert method.check(seq(prefill_len=100, layers=2, kv_heads=1, group=1)) == 50
+    assert not hasattr(method, "state") and not hasattr(method, "_budget")
+    tight = compose_method("method=inertia", "rho=0.5", "method.selection.sinks=60")
+    with pytest.raises(ValueError, match="is smaller than sinks"):
+        tight.check(seq(prefill_len=100, layers=2, kv_heads=1, group=1))

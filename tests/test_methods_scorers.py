@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import named_method, refused
+from torch import Tensor
 
 from methods.base import LayerView, SequenceInfo
 from methods.scorers.attention import AttentionScorer
+from methods.scorers.base import FLAGS, NormScorer, Scorer
+from methods.scorers.bilinear import BilinearHead, BilinearInfo, BilinearScorer, save_bilinear
 from methods.scorers.entropy import EntropyScorer
+from methods.scorers.expected_attention import ExpectedAttentionScorer
 from methods.scorers.keydiff import KeyDiffScorer
 from methods.scorers.keynorm import KeyNormScorer
 from methods.scorers.random_uniform import RandomScorer
@@ -53,6 +60,54 @@ def test_needs_attention_flags() -> None:
     assert RecencyScorer.needs_attention is False
     assert RandomScorer.needs_attention is False
     assert RandomScorer().needs_attention is False
+
+
+def test_order_free_flags() -> None:
+    # EntryNorms and the random draws read the cache's order; the rest score entries by what they hold.
+    for scorer in (KeyNormScorer, KeyDiffScorer, VNormScorer, RandomScorer):
+        assert scorer.order_free is False, scorer
+    for scorer in (AttentionScorer, EntropyScorer, RecencyScorer, BilinearScorer, ExpectedAttentionScorer):
+        assert scorer.order_free is True, scorer
+
+
+def test_a_scorer_that_does_not_declare_a_flag_is_refused_by_name() -> None:
+    @dataclass
+    class Undeclared(Scorer):
+        needs_attention = False
+
+        def score(self, view: LayerView) -> Tensor:
+            return view.positions.float()
+
+    @dataclass
+    class NoAttentionFlag(NormScorer):  # order_free comes from NormScorer, between it and Scorer
+        def score(self, view: LayerView) -> Tensor:
+            return -self.norms(view, view.keys)
+
+    message = refused(Undeclared, "scorer Undeclared does not declare order_free")
+    assert "set order_free = True if" in message and FLAGS["order_free"] in message
+    message = refused(NoAttentionFlag, "scorer NoAttentionFlag does not declare needs_attention")
+    assert "set needs_attention = True if" in message
+
+    @dataclass
+    class Declared(NoAttentionFlag):
+        needs_attention = False
+
+    assert Declared().order_free is False and Declared().needs_attention is False
+
+
+SCORER_CONF = sorted(path.stem for path in (Path(__file__).resolve().parents[1] / "conf/method/scorer").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", SCORER_CONF)
+def test_every_scorer_conf_instantiates_through_hydra(name: str, tmp_path: Path) -> None:
+    overrides = [f"method/scorer={name}"]
+    if name == "bilinear":
+        head = tmp_path / "head.safetensors"
+        save_bilinear(BilinearHead(1, 4 * 16, 2 * 16, 8), str(head), BilinearInfo("tiny_llama", 3, 4, 2, 16, 8, False))
+        overrides += ["model=tiny_llama", f"method.scorer.checkpoint={head}"]
+    scorer = named_method("inertia", *overrides).scorer
+    assert isinstance(scorer, Scorer)
+    assert {flag: type(getattr(scorer, flag)) for flag in FLAGS} == {flag: bool for flag in FLAGS}
 
 
 def test_attention_is_the_mean_over_the_query_group() -> None:

@@ -9,7 +9,9 @@ from fractions import Fraction
 import pytest
 import torch
 
-from methods.aggregation import EMA, Cumulative, SingleStep
+from methods.aggregators.cumulative import Cumulative
+from methods.aggregators.ema import EMA
+from methods.aggregators.single_step import SingleStep
 from methods.base import SequenceInfo
 from methods.scored import ScoredEviction
 from methods.scorers.attention import AttentionScorer

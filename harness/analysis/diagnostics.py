@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +69,6 @@ def load_diagnostics(root: Path | str = "results") -> pd.DataFrame:
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
     frame["score"] = pd.to_numeric(frame["score"], errors="coerce")
     return frame
-
-
-def kept_rasters(folder: Path | str, limit: int = 1) -> Iterable[dict[str, Any]]:
-    """The first ``limit`` diagnostics lines of a run that carry retained sets (for the panels)."""
-    return [line for line in read_diagnostics(folder) if line.get("kept")][:limit]
 
 
 def traced_lines(folder: Path | str) -> dict[str, dict[str, Any]]:

@@ -316,21 +316,6 @@ def named(name: str) -> tuple[str, Where]:
     return display(name), {"variant": name}
 
 
-def diff_columns(baseline: tuple[str, Where], candidate: tuple[str, Where]) -> Axis:
-    """Baseline mean, candidate mean, candidate minus baseline with its 95% CI, and p."""
-    (a_label, a), (b_label, b) = baseline, candidate
-    return fixed(
-        Line(a_label, a),
-        Line(b_label, b),
-        Line("Δ [95% CI]", cell=paired(a, b, "diff")),
-        Line("p", cell=paired(a, b, "p")),
-    )
-
-
-def present_variants(frame: pd.DataFrame) -> list[Line]:
-    return [Line(display(v), {"variant": v}) for v in sorted(frame["variant"].dropna().unique())]
-
-
 def variant_axis(name: str, key: str, grid_values: Sequence[float], label: str, pair: Callable | None = None) -> Axis:
     """Variants of ``name`` along one parameter: the paper's grid plus any other value run.
 

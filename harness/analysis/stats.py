@@ -227,6 +227,42 @@ def _row(comparison: PairedComparison | None) -> dict[str, Any]:
     }
 
 
+def _paired_sides(
+    df: pd.DataFrame, baseline: Mapping[str, Any], candidate: Mapping[str, Any], metric: str, extra: list[str]
+) -> pd.DataFrame:
+    """Both sides' ``metric`` per example (``<metric>_a``, ``<metric>_b``), with ``_paired`` / ``_only_a`` /
+    ``_only_b`` flags; ``extra`` group columns outside ``PAIR_KEY`` take the side that has them."""
+    if metric not in df.columns:
+        raise KeyError(f"no column {metric!r} (metric columns: {[c for c in df.columns if c.startswith('metric.')]})")
+    columns = list(dict.fromkeys([*PAIR_KEY, *extra, metric]))
+    sides = []
+    for spec, role in ((baseline, "baseline"), (candidate, "candidate")):
+        rows = select(df, spec)
+        _single_per_example(rows, spec, role)
+        sides.append(rows[columns])
+    merged = sides[0].merge(sides[1], on=list(PAIR_KEY), how="outer", suffixes=("_a", "_b"))
+    for column in extra:
+        # A one-sided example has its group column only on its own side.
+        merged[column] = merged[f"{column}_a"].combine_first(merged[f"{column}_b"])
+    # After the outer merge a side's metric is NaN both where the side has no record and where
+    # the record holds no value (e.g. decode_tokens_per_s of a one-token answer): neither pairs.
+    has_a, has_b = merged[f"{metric}_a"].notna(), merged[f"{metric}_b"].notna()
+    merged["_paired"] = has_a & has_b
+    merged["_only_a"] = has_a & ~has_b
+    merged["_only_b"] = has_b & ~has_a
+    only_a, only_b = int(merged["_only_a"].sum()), int(merged["_only_b"].sum())
+    if only_a or only_b:
+        log.warning(
+            "compare %s vs %s on %s: %d baseline and %d candidate examples have no partner and are left out",
+            dict(baseline),
+            dict(candidate),
+            metric,
+            only_a,
+            only_b,
+        )
+    return merged
+
+
 def compare(
     df: pd.DataFrame,
     baseline: Mapping[str, Any],
@@ -259,38 +295,8 @@ def compare(
     ``unpaired_candidate``.
     """
     by = list(by)
-    if metric not in df.columns:
-        raise KeyError(f"no column {metric!r} (metric columns: {[c for c in df.columns if c.startswith('metric.')]})")
-    extra = [column for column in by if column not in PAIR_KEY]
-    columns = list(dict.fromkeys([*PAIR_KEY, *extra, metric]))
-    sides = []
-    for spec, role in ((baseline, "baseline"), (candidate, "candidate")):
-        rows = select(df, spec)
-        _single_per_example(rows, spec, role)
-        sides.append(rows[columns])
-    merged = sides[0].merge(sides[1], on=list(PAIR_KEY), how="outer", suffixes=("_a", "_b"))
-    for column in extra:
-        # A one-sided example has its group column only on its own side.
-        merged[column] = merged[f"{column}_a"].combine_first(merged[f"{column}_b"])
+    merged = _paired_sides(df, baseline, candidate, metric, [column for column in by if column not in PAIR_KEY])
     a_col, b_col = f"{metric}_a", f"{metric}_b"
-    # After the outer merge a side's metric is NaN both where the side has no record and where
-    # the record holds no value (e.g. decode_tokens_per_s of a one-token answer): neither pairs.
-    has_a = merged[a_col].notna()
-    has_b = merged[b_col].notna()
-    merged["_paired"] = has_a & has_b
-    merged["_only_a"] = has_a & ~has_b
-    merged["_only_b"] = has_b & ~has_a
-
-    only_a, only_b = int(merged["_only_a"].sum()), int(merged["_only_b"].sum())
-    if only_a or only_b:
-        log.warning(
-            "compare %s vs %s on %s: %d baseline and %d candidate examples have no partner and are left out",
-            dict(baseline),
-            dict(candidate),
-            metric,
-            only_a,
-            only_b,
-        )
     paired = merged[merged["_paired"]]
     if "model" not in by and paired["model"].nunique() > 1:
         # Differences from different models are pooled into one interval: rarely intended.

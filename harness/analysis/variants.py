@@ -17,6 +17,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from harness.config import CONF_DIR, compose_config
+from harness.record.schema import flatten
 
 #: How the papers name the methods; a variant keeps its parameter suffix after the name.
 LABELS: dict[str, str] = {
@@ -79,21 +80,18 @@ def _short(target: str) -> str:
     return _option_names().get(target, target.rsplit(".", 1)[-1].lower())
 
 
-def flatten_method(method: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten_method(method: Mapping[str, Any]) -> dict[str, Any]:
     """A method config as ``{dotted key: value}``; a nested ``_target_`` becomes its option name.
 
     ``{"scorer": {"_target_": "...KeyDiffScorer"}, "aggregator": {"_target_": "...EMA", "alpha": 0.8}}``
     gives ``{"scorer": "keydiff", "aggregator": "ema", "aggregator.alpha": 0.8}``.
     """
     flat: dict[str, Any] = {}
-    for key, value in method.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            if "_target_" in value:
-                flat[dotted] = _short(str(value["_target_"]))
-            flat.update(flatten_method({k: v for k, v in value.items() if k != "_target_"}, f"{dotted}."))
-        elif key != "_target_" or prefix:
-            flat[dotted] = value
+    for key, value in flatten({k: v for k, v in method.items() if k != "_target_"}).items():
+        if key.endswith("._target_"):
+            flat[key.removesuffix("._target_")] = _short(str(value))
+        else:
+            flat[key] = value
     return {k: v for k, v in flat.items() if k not in _NOT_PARAMS}
 
 

@@ -30,7 +30,7 @@ State = TypeVar("State")
 
 
 @dataclass
-class Call:
+class AttentionCall:
     """One call of an attention function by a layer: what transformers passes, in one place.
 
     Shapes: ``query`` ``(batch, heads, Q, head_dim)`` after RoPE, ``key``/``value``
@@ -79,7 +79,7 @@ def causal_column_mass(queries: Tensor, keys: Tensor, lse: Tensor, scaling: floa
     """``sum_i softmax_i(j)``: the causal attention weight the trailing ``queries`` pay each key, per query head.
 
     Shapes: queries ``(H, Q, D)`` (the last Q positions), keys ``(Hkv, T, D)``, ``lse`` ``(H, Q)``
-    the queries' log-normalisers (``Call.causal_sdpa_with_lse``). Returns ``(H, T)``, or None
+    the queries' log-normalisers (``AttentionCall.causal_sdpa_with_lse``). Returns ``(H, T)``, or None
     where the kernel is missing (not on CPU).
 
     The sum runs over the query axis, so it is the transposed problem: the keys attend to the
@@ -101,7 +101,7 @@ def causal_column_mass(queries: Tensor, keys: Tensor, lse: Tensor, scaling: floa
     return log_mass[0].flip(1).exp()
 
 
-Forward = Callable[[Any, Call], tuple[Tensor, Tensor | None]]
+Forward = Callable[[Any, AttentionCall], tuple[Tensor, Tensor | None]]
 
 
 def select(model: PreTrainedModel, name: str) -> None:
@@ -135,7 +135,7 @@ class AttentionFunction(Generic[State]):
         **kwargs: Any,
     ) -> tuple[Tensor, Tensor | None]:
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-        call = Call(module, query, key, value, attention_mask, scaling, kwargs)
+        call = AttentionCall(module, query, key, value, attention_mask, scaling, kwargs)
         return call.sdpa() if self._state is None else self._forward(self._state, call)
 
     @contextmanager

@@ -26,41 +26,21 @@ from harness.decode.evicting_attention import EVICTING, BatchState, StepState
 from harness.decode.reconstruction import reconstruction_passes
 from harness.decode.sampling import Sampling
 from harness.models import check_length
+from harness.record.schema import Figures
 from methods.base import EvictionMethod, SequenceInfo
 from methods.driver import Driver
 from methods.stopwatch import Stopwatch, synchronize
 
 
 @dataclass
-class Generation:
-    """The outcome of one sequence, with the figures every record carries.
+class Generation(Figures):
+    """The outcome of one sequence: the record's ``Figures`` (``harness.record.schema``), the tokens and
+    what only the engine's callers read.
 
     Parameters:
-        tokens: generated token ids (a final end-of-turn token included).
-        prefill_len: L0.
-        budget: entries per layer and KV head the method allows (None: unlimited).
-        cache_len_final: entries cached after the last step, max over layers and heads.
-        kv_entries_final: entries attention can see after the last step, mean over layers and
-            KV heads (logical: a masked entry is held but not counted).
-        kv_entries_held: entries held in memory after the last step, mean over layers and KV
-            heads (physical: a masked entry counts, a ragged cache's short heads pull it down).
-            It is what a "retained tokens" figure reads: ``cache_len_final`` is the longest head.
-        kv_bytes_final: bytes of the keys and values cached after the last step (physical
-            entries, not masks), plus the method's state that stands in for cache (``state_bytes``).
+        tokens: generated token ids (a final end-of-turn token included; ``new_tokens`` counts them).
         slot_bytes_final: bytes the cache's preallocated buffers hold after the last step, free
             slots included (B + 1 slots at steady state; a full cache's whole preallocation).
-        state_bytes: bytes of that method state (a recurrent scorer's), included in ``kv_bytes_final``.
-        kv_bytes_full: bytes a full cache of the same sequence would hold.
-        prefill_peak_bytes, decode_peak_bytes: the memory peak of the prefill (reconstruction
-            passes and prefill eviction included) and of the decode loop: on CUDA the
-            allocator's peak (weights and activations included), elsewhere the most key/value
-            bytes the cache held.
-        prefill_s, decode_s: wall time of the prefill forward (with the method's prefill
-            observation, reconstruction passes and eviction, if any) and of the decode loop.
-        score_s: part of the decode time spent in the method (observing and choosing).
-        prefill_score_s: part of the prefill time spent in the method (H2O's and SnapKV's prompt
-            votes, KVzip's reconstruction scores, the prefill keep decisions).
-        evict_s: part of the decode time spent gathering the kept entries into new tensors.
         max_cache_len: the largest cache length seen after any decode step's eviction.
         target_logprobs: with ``forced`` tokens, the log-probability the model gave each one
             (teacher forcing under eviction, for perplexity).
@@ -69,31 +49,12 @@ class Generation:
         method_report: what the method measured about the sequence (``EvictionMethod.report``).
     """
 
-    tokens: list[int]
-    prefill_len: int
-    budget: int | None
-    cache_len_final: int
-    kv_entries_final: float
-    kv_entries_held: float
-    kv_bytes_final: int
-    kv_bytes_full: int
-    prefill_peak_bytes: int
-    decode_peak_bytes: int
-    prefill_s: float
-    decode_s: float
-    score_s: float
-    prefill_score_s: float
-    evict_s: float
-    max_cache_len: int
-    state_bytes: int = 0
+    tokens: list[int] = field(default_factory=list)
     slot_bytes_final: int = 0
+    max_cache_len: int = 0
     target_logprobs: list[float] = field(default_factory=list)
     target_greedy: list[bool] = field(default_factory=list)
     method_report: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.tokens)
 
 
 StepHook = Callable[[int, StepState, object], None]
@@ -165,16 +126,16 @@ def held_entries(cache: object) -> float:
     return sum(lengths) / len(lengths)
 
 
-def check_sequence(
+def check_servable(
     config: PretrainedConfig, method: EvictionMethod, prefill_len: int, max_new_tokens: int, what: str
-) -> None:
-    """Refuse, before any weights load, a sequence the model or the method cannot serve.
+) -> int | None:
+    """Refuse, before any weights load, a sequence the model or the method cannot serve; else the method's budget.
 
     Refused: a sequence longer than the model's positions, and what the method refuses (a
     budget below sinks+window, a checkpoint for another geometry). ``what`` names the sequence.
     """
     check_length(config, prefill_len, max_new_tokens, what)
-    method.begin(sequence_info(config, prefill_len, max_new_tokens))
+    return method.check(sequence_info(config, prefill_len, max_new_tokens))
 
 
 @dataclass
@@ -206,8 +167,8 @@ class Engine:
         self.device = self.model.device
 
     def check(self, prefill_len: int, max_new_tokens: int) -> None:
-        """Fail now, not mid-run, if the model or the method rejects this sequence (``check_sequence``)."""
-        check_sequence(self.model.config, self.method, prefill_len, max_new_tokens, "the prompt")
+        """Fail now, not mid-run, if the model or the method rejects this sequence (``check_servable``)."""
+        check_servable(self.model.config, self.method, prefill_len, max_new_tokens, "the prompt")
 
     def _forward(self, ids: list[int], start: int, cache: object) -> Tensor:
         input_ids = torch.tensor([ids], device=self.device)
@@ -460,6 +421,7 @@ class _Sequence:
         prefill_len = driver.info.prefill_len
         return Generation(
             tokens=self.tokens,
+            new_tokens=len(self.tokens),
             prefill_len=prefill_len,
             budget=method.budget(),
             cache_len_final=max(kv_cache.cache_lengths(cache)),

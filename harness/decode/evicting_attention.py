@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from harness.decode import kv_cache
-from harness.decode.attention import AttentionFunction, Call, causal_column_mass
+from harness.decode.attention import AttentionCall, AttentionFunction, causal_column_mass
 from methods.base import LayerView
 from methods.driver import Driver
 
@@ -62,7 +62,7 @@ class BatchState:
     states: list[StepState]
 
 
-def _batched(batch: BatchState, call: Call) -> tuple[Tensor, Tensor | None]:
+def _batched(batch: BatchState, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     """Each row's query attends to its own sequence's cache, exactly as when that sequence decodes alone."""
     outputs = []
     for row, state in enumerate(batch.states):
@@ -119,7 +119,7 @@ def ragged_single_query_attention(
     return torch.cat(outputs).view(1, 1, heads, dim), tuple(weights)
 
 
-def _reconstruction(state: StepState, call: Call) -> tuple[Tensor, Tensor | None]:
+def _reconstruction(state: StepState, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     """A pass that reads the prompt's cache again: the method observes it; causal, aligned at the end."""
     driver, layer = state.driver, call.layer
     view = LayerView(
@@ -140,7 +140,7 @@ def _reconstruction(state: StepState, call: Call) -> tuple[Tensor, Tensor | None
     return dataclasses.replace(call, mask=mask[None, None]).sdpa()
 
 
-def _prefill(state: StepState, call: Call) -> tuple[Tensor, Tensor | None]:
+def _prefill(state: StepState, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     driver, layer = state.driver, call.layer
     if state.cache is not None:
         state.peak_bytes = max(state.peak_bytes, kv_cache.cache_bytes(state.cache))
@@ -169,7 +169,7 @@ def _prefill(state: StepState, call: Call) -> tuple[Tensor, Tensor | None]:
     return output, None
 
 
-def _forward(state: StepState | BatchState, call: Call) -> tuple[Tensor, Tensor | None]:
+def _forward(state: StepState | BatchState, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     if isinstance(state, BatchState):
         return _batched(state, call)
     if call.query.shape[0] != 1:

@@ -43,8 +43,9 @@ import torch
 from scipy import stats as scipy_stats
 from torch import Tensor
 
-from methods.aggregation import top_k
+from methods.aggregators.base import top_k
 from methods.base import EvictionMethod, LayerView
+from methods.overlap import jaccard
 from methods.scorers.base import Scorer, group_mean
 
 FILENAME = "diagnostics.jsonl"
@@ -81,12 +82,6 @@ def top_b(positions: Sequence[int] | np.ndarray, scores: Sequence[float] | np.nd
     # lexsort sorts by the last key first: score, then position, both descending after reversal.
     order = np.lexsort((positions, scores))[::-1]
     return {int(p) for p in positions[order[:b]]}
-
-
-def jaccard(a: set[int], b: set[int]) -> float:
-    """|a ∩ b| / |a ∪ b|; two empty sets are identical (1)."""
-    union = a | b
-    return 1.0 if not union else len(a & b) / len(union)
 
 
 def churn(previous: set[int], current: set[int]) -> float:
@@ -205,6 +200,11 @@ class _Tap(Scorer):
     """
 
     needs_attention = True  # type: ignore[misc]
+
+    @property
+    def order_free(self) -> bool:  # type: ignore[override]
+        # The scores pass through unchanged, so they depend on the cache's order as the inner scorer's do.
+        return self.inner.order_free
 
     def __init__(self, inner: Scorer, recorder: RetentionRecorder) -> None:
         self.inner = inner

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from harness.options import is_int, is_number
 
 
 @dataclass
@@ -24,17 +25,13 @@ class Sampling:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        def number(value: object) -> bool:
-            # A non-finite value would also reach the records, which strict JSON parsers refuse.
-            return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-        if not (number(self.temperature) and self.temperature >= 0):
+        if not (is_number(self.temperature) and self.temperature >= 0):
             raise ValueError(
                 f"sampling.temperature={self.temperature!r} is not a finite number >= 0 — use 0 (greedy) or e.g. 0.6"
             )
-        if not (isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0):
+        if not (is_int(self.top_k) and self.top_k >= 0):
             raise ValueError(f"sampling.top_k={self.top_k!r} is not an integer >= 0 — use 0 (no limit) or e.g. 50")
-        if not (number(self.top_p) and 0.0 < self.top_p <= 1.0):
+        if not (is_number(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise ValueError(f"sampling.top_p={self.top_p!r} is outside (0, 1] — use 1.0 (no limit) or e.g. 0.95")
 
     def choose(self, logits: Tensor, generator: torch.Generator | None) -> int:

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
 
 from torch import Tensor
 
+from harness.record.schema import Outcome
 from methods.base import EvictionMethod, LayerView, SequenceInfo
 from methods.driver import Driver
+from tasks.base import Example, Task
 
 
 def for_world(method: EvictionMethod, budget: int, per_head: bool) -> EvictionMethod:
@@ -105,3 +108,9 @@ class MethodPolicy:
         ownership loss and adaptive rate), as ``(layers, kv_heads)`` tensors; layer 0 here."""
         probes = getattr(self.driver.method, "probes", None)
         return {name: value[0] for name, value in probes().items()} if probes is not None else {}
+
+
+def run_in_world(task: Task, method: EvictionMethod, todo: list[Example]) -> Iterator[list[tuple[Example, Outcome]]]:
+    """``WORLD``: the outcomes of ``todo`` in the task's own batches (no model), each recorded in one write."""
+    for batch in task.run_batches(MethodPolicy(method), todo):
+        yield [(example, Outcome.from_fields(fields)) for example, fields in batch]

@@ -245,6 +245,19 @@ class CompanionFile:
         append_lines(self.path, [encode(line)])
 
 
+def writable_folder(folder: Path, option: str) -> Path:
+    """Create ``folder`` if needed and check that files can be written there; ``option`` names its setting."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as error:
+        raise ValueError(
+            f"cannot write to {folder} ({error.strerror or error}) — set {option} to a folder you can write"
+        ) from error
+    return folder
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` in one rename: a kill leaves the old file or the new one."""
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.config import model_spec
 from harness.models import ModelSpec, resolve_device
 from harness.record.files import read_first_record, read_records
-from harness.record.schema import SCHEMA_VERSION, RunId, canonical_rho, digest, format_rho
+from harness.record.schema import SCHEMA_VERSION, RunId, canonical_rho, digest, flatten, format_rho
 from tasks.base import Task, TaskProtocol
 from tasks.digest import file_sha256
 
@@ -39,13 +39,13 @@ MIGRATE = "python -m harness.record.migrate"
 
 
 def _method_params(params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` as hashed: every ``rho`` a float (a saved config holds it resolved, as written), and
-    ``<key>_sha256`` beside every ``checkpoint``-named field that points at a file."""
+    """``params`` as hashed: without ``rho`` (a method's rho is the run's, which the run id holds once), and
+    with ``<key>_sha256`` beside every ``checkpoint``-named field that points at a file."""
     out: dict[str, Any] = {}
     for key, value in params.items():
+        if key == "rho":
+            continue
         out[key] = _method_params(value) if isinstance(value, dict) else value
-        if key == "rho" and isinstance(value, int | float) and not isinstance(value, bool):
-            out[key] = canonical_rho(value)
         if key.endswith("checkpoint") and isinstance(value, str) and Path(value).is_file():
             out[f"{key}_sha256"] = file_sha256(value)
     return out
@@ -75,7 +75,7 @@ class Identity:
 def identify(cfg: DictConfig, task: Task, spec: ModelSpec | None) -> tuple[RunId, Identity]:
     """The run id of ``cfg`` and what it is computed from (``harness.record.schema`` has the format).
 
-    ``cfg.rho`` is made canonical first, so the method parameters that interpolate it agree with the id.
+    ``cfg.rho`` is made canonical first, so the method parameters that interpolate it agree with the record.
     """
     cfg.rho = canonical_rho(cfg.rho)
     method = _method_params(OmegaConf.to_container(cfg.method, resolve=True))
@@ -116,9 +116,27 @@ def run_id(cfg: DictConfig, task: Task) -> str:
     return str(identify(cfg, task, spec)[0])
 
 
+#: Classes that moved since a saved config named them (schema version 3: the aggregators got a folder).
+MOVED_TARGETS = {
+    "methods.aggregation.SingleStep": "methods.aggregators.single_step.SingleStep",
+    "methods.aggregation.Cumulative": "methods.aggregators.cumulative.Cumulative",
+    "methods.aggregation.EMA": "methods.aggregators.ema.EMA",
+    "methods.adaptive_alpha.AdaptiveEMA": "methods.aggregators.adaptive.AdaptiveEMA",
+    "methods.reactive_alpha.ReactiveEMA": "methods.aggregators.reactive.ReactiveEMA",
+}
+
+
+def _moved(node: Any) -> Any:
+    """``node`` with every ``_target_`` of a moved class replaced by today's path."""
+    if isinstance(node, dict):
+        return {k: MOVED_TARGETS.get(v, v) if k == "_target_" else _moved(v) for k, v in node.items()}
+    return [_moved(item) for item in node] if isinstance(node, list) else node
+
+
 def saved_config(folder: Path) -> DictConfig:
-    """The resolved config a run folder was last run with, rho in its canonical form."""
-    cfg = OmegaConf.load(folder / "config.yaml")
+    """The resolved config a run folder was last run with, as today's code reads it: moved classes under
+    their new paths, rho in its canonical form."""
+    cfg = OmegaConf.create(_moved(OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"))))
     cfg.rho = canonical_rho(cfg.rho)
     cfg.setdefault("batch_size", 1)
     return cfg
@@ -169,3 +187,30 @@ def older_folders(results: Path, run: RunId) -> list[Path]:
 def batch_sizes(folder: Path) -> set[int]:
     """The batch sizes the records of ``folder`` were decoded at (1 before records said)."""
     return {int((r.get("meta") or {}).get("batch_size", 1)) for r in read_records(folder / "records.jsonl")} or {1}
+
+
+def check_recorded(records: list[dict[str, Any]], identity: Identity, batch_size: int, path: Path) -> None:
+    """Refuse to add records to ``path`` when the records it holds came from another identity.
+
+    An older record (schema version below today's) made under the same identity and batch size
+    is read as it is; any other difference means the folder belongs to another run under
+    today's rules (``python -m harness.record.migrate`` moves it there), or that a preset was edited.
+    """
+    for record in records:
+        recorded = record.get("identity")
+        older = record_version(record) < SCHEMA_VERSION
+        decoded_at = (record.get("meta") or {}).get("batch_size", 1)
+        if recorded is None or (recorded == identity.fields() and (not older or decoded_at == batch_size)):
+            continue
+        if older:
+            raise ValueError(
+                f"{path} holds records of schema version {record_version(record)}, which today's rules"
+                f" (version {SCHEMA_VERSION}) give another run id — re-identify them with"
+                f" `{MIGRATE} {path.parent.parent}`, or move that folder away"
+            )
+        mine, theirs = flatten(identity.fields()), flatten(recorded)
+        key = next(k for k in sorted(mine.keys() | theirs.keys()) if mine.get(k) != theirs.get(k))
+        raise ValueError(
+            f"{path} holds records made with {key}={theirs.get(key)!r}, this config has {mine.get(key)!r}"
+            " (a preset changed since) — move that folder away to rerun, or restore the preset"
+        )

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from harness.decode.attention import Call
+from harness.decode.attention import AttentionCall
 from harness.training.joint import Pattern
 from harness.training.kvpop.pattern import save_policy
 from harness.training.kvpop.sparse import attend_kept, attend_soft
@@ -71,7 +71,7 @@ class DMSPattern(Pattern):
     def policy_parameters(self) -> list[nn.Parameter]:
         return list(self.gate.parameters())
 
-    def attend(self, call: Call) -> Tensor:
+    def attend(self, call: AttentionCall) -> Tensor:
         layer = call.layer
         keep = self.gate(call.key[0].detach(), call.value[0].detach(), layer)
         if not self.training:

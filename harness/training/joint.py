@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers import PreTrainedModel
 
-from harness.decode.attention import AttentionFunction, Call
+from harness.decode.attention import AttentionCall, AttentionFunction
 from methods.finetuned import Finetune
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class Pattern(ABC):
     first: int
 
     @abstractmethod
-    def attend(self, call: Call) -> Tensor:
+    def attend(self, call: AttentionCall) -> Tensor:
         """One layer's attention under the pattern: the output ``(1, S, H, D)``."""
 
     def loss(self, step: int) -> tuple[Tensor | None, dict[str, float]]:

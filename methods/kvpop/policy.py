@@ -21,7 +21,7 @@ from methods.kvpop.checkpoint import TRAIN, load_checkpoint
 from methods.kvpop.ranking import static_base, static_priority
 from methods.kvpop.recall import TeacherRecall
 from methods.kvpop.scorers import SCORERS, KVpopScorer, MLSTMScorer, MLSTMState
-from methods.options import require_int
+from methods.options import is_int, require_int
 from methods.selection import Selection, check_rho, exact_floor
 
 #: Bytes per number of the mLSTM state, which is held in float32 whatever the cache dtype.
@@ -93,7 +93,7 @@ class KVpop(EvictionMethod):
             )
         check_rho(self.rho)
         k = self.k
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        if k is not None and (not is_int(k) or k < 1):
             # The only budget check a fixed k needs: s + w + k then always holds the sinks and window.
             raise ValueError(
                 f"method.k={k!r} is not a number >= 1 of older tokens kept beyond sinks+window — raise method.k, "
@@ -168,10 +168,13 @@ class KVpop(EvictionMethod):
             )
         return memory - state
 
+    def check(self, info: SequenceInfo) -> int | None:
+        self.trained.check_geometry(self.checkpoint, info.num_layers, info.num_kv_heads)
+        return self.budget_for(info.prefill_len, info.dtype)
+
     def begin(self, info: SequenceInfo) -> None:
         super().begin(info)
-        self.trained.check_geometry(self.checkpoint, info.num_layers, info.num_kv_heads)
-        self._budget = self.budget_for(info.prefill_len, info.dtype)
+        self._budget = self.check(info)
         self.net.to(info.device)
         with torch.no_grad():
             self._log_gamma = self.net.log_gamma()

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from methods.options import is_number, require_int
+from methods.options import is_int, is_number, require_int
 
 GAMMA_SPACES = ("log", "linear")
 READOUTS = ("silu", "linear")
@@ -265,7 +265,7 @@ class MLSTMScorer(KVpopScorer):
         readout: str = "linear",
     ) -> None:
         super().__init__(layers, kv_heads, head_dim, gamma_min, gamma_max, gamma_space)
-        if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+        if not is_int(delay) or delay < 0:
             raise ValueError(
                 f"kvpop.window={delay!r}, the mLSTM readout delay, must be an integer >= 0 — use e.g. kvpop.window=32, "
                 "or kvpop.delayed=false"

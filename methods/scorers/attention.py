@@ -14,5 +14,8 @@ from methods.scorers.base import Scorer, group_mean
 class AttentionScorer(Scorer):
     """Softmax weight of the current query on each entry, mean over the query heads of a KV head."""
 
+    needs_attention = True
+    order_free = True
+
     def score(self, view: LayerView) -> Tensor:
         return group_mean(view)

@@ -3,24 +3,45 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
 
 import torch
 from torch import Tensor
 
 from methods.base import LayerView, SequenceInfo
 
+#: The flags every scorer declares, and when each is True. A default would be a silent trap: a
+#: scorer that reads the cache's order and forgot to opt out would go wrong after a slot refill.
+FLAGS = {
+    "needs_attention": "it reads view.weights, the attention of the current query",
+    "order_free": "its scores do not depend on where an entry sits in the cache",
+}
+
 
 class Scorer(ABC):
-    """Maps one layer's view to a score per KV head and entry, ``(kv_heads, T)``; higher = keep."""
+    """Maps one layer's view to a score per KV head and entry, ``(kv_heads, T)``; higher = keep.
+
+    A subclass declares both class attributes below (``FLAGS``), or inherits them from a base
+    between it and ``Scorer`` that does; constructing one that does not is refused.
+    """
 
     #: Whether the score reads ``view.weights`` (the engine then exposes the attention).
-    needs_attention: ClassVar[bool] = True
+    needs_attention: ClassVar[bool]
     #: Whether an entry's score is the same in any cache order (``EvictionMethod.order_free``).
-    order_free: ClassVar[bool] = True
+    order_free: ClassVar[bool]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        declarers = cls.__mro__[: cls.__mro__.index(Scorer)]
+        for flag, meaning in FLAGS.items():
+            if not any(flag in vars(base) for base in declarers):
+                raise ValueError(
+                    f"scorer {cls.__name__} does not declare {flag} — set {flag} = True if {meaning}, else False"
+                )
+        return super().__new__(cls)
 
     def begin(self, info: SequenceInfo) -> None:
-        """Reset per-sequence state (only stochastic scorers have any)."""
+        """Reset per-sequence state."""
 
     @abstractmethod
     def score(self, view: LayerView) -> Tensor:
@@ -62,3 +83,14 @@ class EntryNorms:
             norms.scatter_(1, positions[:, -fresh:], entries[:, -fresh:].float().norm(dim=-1).to(norms.device))
             self._measured[view.layer] = view.seen
         return norms.gather(1, positions).to(entries.device)
+
+
+@dataclass
+class NormScorer(Scorer):
+    """A scorer built on the norms of cached keys or values, measured once per entry (``EntryNorms``)."""
+
+    order_free: ClassVar[bool] = False  # EntryNorms finds the entries it has not measured at the end of the cache
+    norms: EntryNorms = field(default_factory=EntryNorms, init=False, repr=False, compare=False)
+
+    def begin(self, info: SequenceInfo) -> None:
+        self.norms.begin(info)

@@ -106,6 +106,7 @@ class BilinearScorer(Scorer):
     """
 
     needs_attention: ClassVar[bool] = False
+    order_free: ClassVar[bool] = True  # one logit per entry, softmaxed over the entries in whatever order
 
     checkpoint: str | None = None
     model: str | None = None

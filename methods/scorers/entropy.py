@@ -19,6 +19,9 @@ class EntropyScorer(Scorer):
     so under shared token-level state they contribute less than sharply focused layers.
     """
 
+    needs_attention = True
+    order_free = True  # the entropy sums over the entries, in whatever order they sit
+
     def score(self, view: LayerView) -> Tensor:
         attention = group_mean(view)
         length = attention.shape[-1]

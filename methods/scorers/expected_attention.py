@@ -69,6 +69,7 @@ class ExpectedAttentionScorer(Scorer):
     """
 
     needs_attention: ClassVar[bool] = False
+    order_free: ClassVar[bool] = True  # one logit per entry, softmaxed over the entries in whatever order
     #: Scores ragged layers (``PerHead`` views), as a per-head budget produces.
     scores_ragged: ClassVar[bool] = True
 

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from methods.base import LayerView, SequenceInfo
-from methods.scorers.base import EntryNorms, Scorer
+from methods.base import LayerView
+from methods.scorers.base import NormScorer
 
 # torch.nn.functional.normalize's floor on a norm.
 _EPS = 1e-12
 
 
 @dataclass
-class KeyDiffScorer(Scorer):
+class KeyDiffScorer(NormScorer):
     """Negative cosine similarity of each key to the mean key direction of its head.
 
     With the key norms ``n_j`` measured once per entry, the anchor ``normalize(mean_j k_j / n_j)``
@@ -24,11 +24,6 @@ class KeyDiffScorer(Scorer):
     """
 
     needs_attention = False
-    order_free = False  # EntryNorms finds the entries it has not measured at the end of the cache
-    norms: EntryNorms = field(default_factory=EntryNorms, init=False, repr=False, compare=False)
-
-    def begin(self, info: SequenceInfo) -> None:
-        self.norms.begin(info)
 
     def score(self, view: LayerView) -> Tensor:
         keys = view.keys

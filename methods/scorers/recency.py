@@ -15,6 +15,7 @@ class RecencyScorer(Scorer):
     """The absolute position itself."""
 
     needs_attention = False
+    order_free = True  # it reads the absolute positions, not the slots
 
     def score(self, view: LayerView) -> Tensor:
         return view.positions.float()

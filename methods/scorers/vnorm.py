@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from torch import Tensor
 
-from methods.base import LayerView, SequenceInfo
-from methods.scorers.base import EntryNorms, Scorer, group_mean
+from methods.base import LayerView
+from methods.scorers.base import NormScorer, group_mean
 
 
 @dataclass
-class VNormScorer(Scorer):
+class VNormScorer(NormScorer):
     """``a_j * ||v_j|| / mean_i ||v_i||``: an entry matters by how much it moves the output."""
 
-    order_free = False  # EntryNorms finds the entries it has not measured at the end of the cache
-    norms: EntryNorms = field(default_factory=EntryNorms, init=False, repr=False, compare=False)
-
-    def begin(self, info: SequenceInfo) -> None:
-        self.norms.begin(info)
+    needs_attention = True
 
     def score(self, view: LayerView) -> Tensor:
         norms = self.norms(view, view.values)

@@ -23,13 +23,6 @@ def save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
-def defaults_only(frame: pd.DataFrame) -> pd.DataFrame:
-    # Lines compare named methods; parameter sweeps have their own figures. The full cache
-    # does not depend on rho: its runs at any rho are one method.
-    frame = frame[frame["variant"] == frame["method"]]
-    return frame.assign(rho=frame["rho"].where(frame["variant"] != "full", 0.0))
-
-
 def by_length(part: pd.DataFrame) -> list[tuple[object, pd.DataFrame]]:
     """One panel per nominal context length (``meta.length``) when the records span several."""
     lengths = part["meta.length"] if "meta.length" in part.columns else None

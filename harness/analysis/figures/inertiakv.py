@@ -38,6 +38,7 @@ from harness.analysis.papers.inertiakv import (  # noqa: E402
 from harness.analysis.results import one_batch_size  # noqa: E402
 from harness.analysis.spec import benchmark_mean, one_per_example, restrict  # noqa: E402
 from harness.analysis.variants import display  # noqa: E402
+from methods.overlap import jaccard  # noqa: E402
 
 BUDGET_METHODS = ("tova", "snapkv", "adakv_ea", "keydiff", "inertia")
 NEEDLE_METHODS = ("full", "tova", "snapkv", "adakv_ea", "kvzip_mask", "keydiff", "inertia", "inertia_lazy")
@@ -142,10 +143,8 @@ def _pairwise_jaccard(runs: Sequence[Sequence[Sequence[int]]]) -> float:
     values = []
     for i, a in enumerate(runs):
         for b in runs[i + 1 :]:
-            for x, y in zip(a, b, strict=False):
-                union = set(x) | set(y)
-                if union:
-                    values.append(len(set(x) & set(y)) / len(union))
+            # Steps where neither run kept anything say nothing about their overlap.
+            values += [jaccard(x, y) for x, y in zip(a, b, strict=False) if len(x) or len(y)]
     return float(np.mean(values)) if values else float("nan")
 
 

@@ -41,6 +41,7 @@ from harness.analysis.spec import (
 )
 from harness.analysis.variants import display, variant
 from harness.config import experiment_preset
+from methods.overlap import jaccard
 
 RHOS: tuple[float, ...] = (0.5, 0.75, 0.9)
 ALPHAS: tuple[float, ...] = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
@@ -239,18 +240,13 @@ def retention_jaccard(first: str, second: str | None = None) -> Cell:
             right = restrict(scope.frame, {**where, "variant": label(method, b)}).set_index("example_id")["kept"]
             for example in left.index.intersection(right.index):
                 steps = [
-                    _jaccard(x, y) for x, y in zip(left[example] or [], right[example] or [], strict=False) if x or y
+                    jaccard(x, y) for x, y in zip(left[example] or [], right[example] or [], strict=False) if x or y
                 ]
                 if steps:
                     found.append(float(np.mean(steps)))
         return NOT_RUN if not found else f"{np.mean(found):.3f}"
 
     return cell
-
-
-def _jaccard(a: Sequence[int], b: Sequence[int]) -> float:
-    a, b = set(a), set(b)
-    return len(a & b) / len(a | b) if a | b else 1.0
 
 
 def field_mean(column: str, scale: float = 1.0, digits: int = 2) -> Cell:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from harness.decode.attention import AttentionFunction, Call
+from harness.decode.attention import AttentionCall, AttentionFunction
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Capture:
     scaling: float = 1.0
 
 
-def _record(state: Capture, call: Call) -> tuple[Tensor, Tensor | None]:
+def _record(state: Capture, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     state.queries[call.layer], state.keys[call.layer], state.values[call.layer] = (
         call.query[0],
         call.key[0],

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from harness.decode.attention import Call
+from harness.decode.attention import AttentionCall
 from harness.training.joint import Pattern
 from harness.training.kvpop.loss import Weighting, boundary_loss, sample_queries
 from harness.training.kvpop.sparse import attend_kept, streaming_drop
@@ -95,7 +95,7 @@ class KVpopPattern(Pattern):
     def policy_parameters(self) -> list[nn.Parameter]:
         return list(self.scorer.parameters())
 
-    def attend(self, call: Call) -> Tensor:
+    def attend(self, call: AttentionCall) -> Tensor:
         layer, length = call.layer, call.query.shape[2]
         keys, values = call.key[0].detach(), call.value[0].detach()
         scores = self.scorer(keys, values, layer)
@@ -168,7 +168,7 @@ class StreamingPattern(Pattern):
         self.sinks, self.window, self.k, self.attention = sinks, window, k, attention
         self.budget = self.first = sinks + window + k
 
-    def attend(self, call: Call) -> Tensor:
+    def attend(self, call: AttentionCall) -> Tensor:
         length = call.query.shape[2]
         drop = streaming_drop(1, length, self.window, self.k, call.query.device)
         return attend_kept(call, drop, self.sinks, self.window, self.attention)[0]

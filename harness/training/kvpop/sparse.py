@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from harness.decode.attention import Call
+from harness.decode.attention import AttentionCall
 from methods.kvpop.ranking import drop_times, kept_mask
 
 ATTENTIONS = ("auto", "dense", "flex")
@@ -45,7 +45,7 @@ def streaming_mask(length: int, sinks: int, window: int, k: int) -> Tensor:
     return kept_mask(streaming_drop(1, length, window, k, torch.device("cpu")), sinks, window)[0]
 
 
-def _flex(call: Call, mask_mod, score_mod=None) -> tuple[Tensor, Tensor]:
+def _flex(call: AttentionCall, mask_mod, score_mod=None) -> tuple[Tensor, Tensor]:
     from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
     length = call.query.shape[2]
@@ -64,7 +64,7 @@ def _flex(call: Call, mask_mod, score_mod=None) -> tuple[Tensor, Tensor]:
     return output.transpose(1, 2).contiguous(), aux.lse[0].float()
 
 
-def attend_kept(call: Call, drop: Tensor, sinks: int, window: int, kind: str) -> tuple[Tensor, Tensor]:
+def attend_kept(call: AttentionCall, drop: Tensor, sinks: int, window: int, kind: str) -> tuple[Tensor, Tensor]:
     """Attention where query ``q`` sees the sinks, its window and the candidates with ``q < drop``.
 
     ``drop`` ``(kv_heads or 1, S)``. Returns the output ``(1, S, H, D)`` and the sparse
@@ -90,7 +90,7 @@ def attend_kept(call: Call, drop: Tensor, sinks: int, window: int, kind: str) ->
     return output.transpose(1, 2).contiguous(), lse[0, ..., 0].detach()
 
 
-def attend_soft(call: Call, log_keep: Tensor, sinks: int, window: int, kind: str) -> Tensor:
+def attend_soft(call: AttentionCall, log_keep: Tensor, sinks: int, window: int, kind: str) -> Tensor:
     """Causal attention with ``log_keep[h, t]`` added for keys past the window (DMS's relaxed eviction).
 
     ``log_keep`` ``(kv_heads, S)`` is ``log(1 - alpha_t)``; gradients reach it through the bias.

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from methods.aggregation import Aggregator, overlap, top_k, top_positions
+from methods.aggregators.base import Aggregator, top_k, top_positions
 from methods.base import SequenceInfo
 from methods.options import require_int, require_number
+from methods.overlap import tensor_jaccard
 
 CANDIDATES = (0.0, 0.3, 0.5, 0.8, 0.95)
 
@@ -93,10 +94,11 @@ class AdaptiveEMA(Aggregator):
         k = top_k(budget, self.top_fraction)
         tops = [top_positions(p, s, k) for p, s in layers]
         if len(tops) > 1:
-            self._sigmas.append(sum(1 - overlap(a, b) for a, b in zip(tops, tops[1:], strict=False)) / (len(tops) - 1))
+            disagreements = [1 - tensor_jaccard(a, b) for a, b in zip(tops, tops[1:], strict=False)]
+            self._sigmas.append(sum(disagreements) / (len(tops) - 1))
         retained = top_positions(positions[0], state[0], budget)
         if self._previous_top is not None:
-            self._deltas.append(1 - overlap(self._previous_top, retained))
+            self._deltas.append(1 - tensor_jaccard(self._previous_top, retained))
         self._previous_top = retained
         if step >= self.warmup:
             sigma = sum(self._sigmas) / max(len(self._sigmas), 1)

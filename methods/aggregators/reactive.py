@@ -15,9 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from methods.aggregation import Aggregator, overlap, top_k, top_positions
+from methods.aggregators.base import Aggregator, top_k, top_positions
 from methods.base import SequenceInfo
 from methods.options import require_number
+from methods.overlap import tensor_jaccard
 
 
 @dataclass
@@ -69,7 +70,7 @@ class ReactiveEMA(Aggregator):
         for layer_positions, score in raw:
             total.index_add_(0, torch.searchsorted(cached, layer_positions), score.to(total.dtype))
         k = top_k(budget, self.top_fraction)
-        disagreement = 1 - overlap(top_positions(cached, total, k), top_positions(cached, state[0], k))
+        disagreement = 1 - tensor_jaccard(top_positions(cached, total, k), top_positions(cached, state[0], k))
         self.disagreements.append(disagreement)
         self.steps += 1
         triggered = disagreement > self.threshold

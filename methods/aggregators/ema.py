@@ -1,0 +1,27 @@
+"""Exponential moving average (InertiaKV, arXiv 2609.03515, Section 3): scores with momentum."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from methods.aggregators.base import Aggregator
+from methods.options import require_number
+
+
+@dataclass
+class EMA(Aggregator):
+    """``m = alpha * m + (1 - alpha) * s``.
+
+    Parameters:
+        alpha: inertia in [0, 1); the paper's default is 0.8.
+    """
+
+    alpha: float = 0.8
+
+    def __post_init__(self) -> None:
+        require_number("method.aggregator.alpha", self.alpha, 0.8, minimum=0.0, maximum=1.0, open_max=True)
+
+    def combine(self, state: Tensor, score: Tensor) -> Tensor:
+        return self.alpha * state + (1.0 - self.alpha) * score
