@@ -37,6 +37,8 @@ def test_run_writes_records_and_resumes(tmp_path, monkeypatch):
         assert r["budget"] == r["prefill_len"] // 2
         assert r["cache_len_final"] == r["budget"]
         assert r["kv_bytes_final"] < r["kv_bytes_full"]
+        # The buffers hold the budget's entries and the one free slot a step writes into.
+        assert r["slot_bytes_final"] == r["kv_bytes_final"] // r["budget"] * (r["budget"] + 1)
         assert set(r["metrics"]) == {"string_match_all"}
         assert r["identity"]["model"]["dtype"] == "float32" and r["identity"]["model"]["device"] == "cpu"
         assert r["identity"]["method"]["aggregator"]["alpha"] == 0.8

@@ -41,7 +41,7 @@ def test_the_engine_output_and_the_analysis_columns_come_from_the_declaration():
     assert issubclass(Generation, Figures)
     assert set(NUMERIC_FIELDS) <= set(BASE_COLUMNS)
     generation = Generation(tokens=[1, 2, 3], new_tokens=3, prefill_len=10, decode_s=2.0, slot_bytes_final=7)
-    assert figures_of(generation) == Figures(prefill_len=10, new_tokens=3, decode_s=2.0)
+    assert figures_of(generation) == Figures(prefill_len=10, new_tokens=3, decode_s=2.0, slot_bytes_final=7)
 
 
 def test_calls_combine_by_their_declared_rules():

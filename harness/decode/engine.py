@@ -39,8 +39,6 @@ class Generation(Figures):
 
     Parameters:
         tokens: generated token ids (a final end-of-turn token included; ``new_tokens`` counts them).
-        slot_bytes_final: bytes the cache's preallocated buffers hold after the last step, free
-            slots included (B + 1 slots at steady state; a full cache's whole preallocation).
         max_cache_len: the largest cache length seen after any decode step's eviction.
         target_logprobs: with ``forced`` tokens, the log-probability the model gave each one
             (teacher forcing under eviction, for perplexity).
@@ -50,7 +48,6 @@ class Generation(Figures):
     """
 
     tokens: list[int] = field(default_factory=list)
-    slot_bytes_final: int = 0
     max_cache_len: int = 0
     target_logprobs: list[float] = field(default_factory=list)
     target_greedy: list[bool] = field(default_factory=list)

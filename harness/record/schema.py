@@ -30,7 +30,9 @@ hash was computed from, so a record says by itself which model, method and proto
 producer does not measure them, how an example of several model calls combines them, and their
 meaning. The engine's output is a ``Figures`` (``harness.decode.engine.Generation``), records
 and summaries take their fields from it, the analysis its columns, and the README's record table
-is checked against it (``record_table``).
+is checked against it (``record_table``). A new figure is additive: it is declared here, set where
+it is measured, and older records simply lack it (read as unmeasured), so it needs no new
+``SCHEMA_VERSION``; a change to what an existing field means, or to the run id's rules, does.
 """
 
 from __future__ import annotations
@@ -91,6 +93,12 @@ class Figures:
         " entries; plus a recurrent scorer's state)",
     )
     kv_bytes_full: int | None = figure(None, "largest", "bytes a full cache of the same sequence would hold")
+    slot_bytes_final: int | None = figure(
+        None,
+        "largest",
+        "bytes the cache's preallocated buffers hold at the end, free slots included (B + 1 slots at steady state;"
+        " a full cache's whole preallocation)",
+    )
     state_bytes: int | None = figure(
         None, "largest", "bytes of a recurrent scorer's state (KVpop's mLSTM), included in `kv_bytes_final`"
     )
