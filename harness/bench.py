@@ -11,6 +11,14 @@ With ``--batch-sizes 1 8`` it then decodes N = the largest size of such prompts 
 niah_single_1 examples at L0) at each batch size and prints the decode throughput: tokens of all
 sequences per second of decode wall time (prefills excluded), and its ratio to batch 1.
 
+With ``--ops`` it prints what a GPU's decode step costs, counted on any device
+(``harness.decode.counting``): per method and batch size, the kernels and host syncs of a
+steady-state step (after eviction has started; the mean of ``OPS_STEPS`` steps, so Lazy-4's observing
+step weighs one in four), on a random model of Llama-3.1-8B's geometry in bf16 and fp32 (32 layers, 32
+query and 8 KV heads of 128; the widths that only size the products are cut, which changes no count),
+and whether the step compiles as one graph that never recompiles (``compiled``: the CPU's proxy of
+CUDA-graph capture; ``eager`` where the method has no static steady state, or at batch > 1).
+
 With ``--kvpress <python of an environment with kvpress>`` (kvpress pins its own transformers:
 ``scripts/kvpress_decode.py`` says how to make one) it also runs kvpress's decode-time press,
 ``DecodingPress(KnormPress)`` compressing to B every step and every 16 steps, on the same prompt,
@@ -23,19 +31,23 @@ KV head selection, as kvpress selects). A method may carry overrides after a col
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
 from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
+from harness.decode.counting import counting
 from harness.decode.engine import Engine, Request
 from harness.errors import cli
-from harness.models import load_model, load_tokenizer
+from harness.models import ModelSpec, load_model, load_tokenizer
 from methods.base import EvictionMethod
 from methods.full import FullCache
 from methods.selection import exact_floor
@@ -60,8 +72,16 @@ class BenchRow:
     prefill_score_share: float
 
 
-def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: float, length: int) -> BenchRow:
+def measure(
+    engine: Engine, ids: list[int], new_tokens: int, label: str, rho: float, length: int, profile: bool = False
+) -> BenchRow:
+    """One generation timed as a run times it (unprofiled: the steady steps run as in a run). With
+    ``profile``, the method's and the gathers' shares of a step come from a second, profiled
+    generation of the same request (every step eager, the method timed apart); else they are NaN."""
     result = engine.generate(Request(ids, new_tokens))
+    shares = result
+    if profile:
+        shares = replace(engine, profile=True).generate(Request(ids, new_tokens))
     steps = result.new_tokens - 1
     return BenchRow(
         length=length,
@@ -75,12 +95,17 @@ def measure(engine: Engine, ids: list[int], new_tokens: int, label: str, rho: fl
         slot_mb=result.slot_bytes_final / 2**20,
         peak_mb=result.decode_peak_bytes / 2**20,
         kv_ratio=result.kv_bytes_final / result.kv_bytes_full,
-        score_share=result.score_s / result.decode_s,
-        evict_share=result.evict_s / result.decode_s,
+        score_share=_share(shares.score_s, shares.decode_s),
+        evict_share=_share(shares.evict_s, shares.decode_s),
         prefill_score_share=result.prefill_score_s / result.prefill_s,
     )
 
 
+def _share(part: float | None, whole: float) -> float:
+    return math.nan if part is None else part / whole
+
+
+DEFAULT_METHODS = ["full", "tova", "h2o", "inertia", "inertia_lazy", "score_free"]
 KVPRESS_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "kvpress_decode.py"
 KEYNORM_DECODE = "single_step:method/scorer=keynorm,method.selection.granularity=head"
 
@@ -92,10 +117,17 @@ def bench_method(spec: str, rho: float) -> EvictionMethod:
 
 
 def run(
-    model_name: str, lengths: list[int], rhos: list[float], methods: list[str], new_tokens: int, repeats: int = 1
+    model_name: str,
+    lengths: list[int],
+    rhos: list[float],
+    methods: list[str],
+    new_tokens: int,
+    repeats: int = 1,
+    profile: bool = False,
 ) -> pd.DataFrame:
     """One row per length, rho and method: the median over ``repeats`` rounds, each round running
-    every method once in turn (interleaved, so a slow spell of a shared machine hits them all)."""
+    every method once in turn (interleaved, so a slow spell of a shared machine hits them all).
+    ``profile``: also the score and evict shares of a step, from a profiled generation (``measure``)."""
     spec = model_spec(model_name)
     tokenizer = load_tokenizer(spec)
     model = load_model(spec)
@@ -106,7 +138,7 @@ def run(
             for _ in range(repeats):
                 for name in methods:
                     engine = Engine(model, bench_method(name, rho), tokenizer=tokenizer)
-                    rows.append(measure(engine, ids, new_tokens, name, rho, length))
+                    rows.append(measure(engine, ids, new_tokens, name, rho, length, profile))
                     print(rows[-1], flush=True)
                 budget = exact_floor((1 - rho) * len(ids))
                 rows.append(measure(Engine(model, FullCache()), ids[-budget:], new_tokens, "full@B", rho, length))
@@ -195,27 +227,126 @@ def kvpress_run(python: str, model_name: str, lengths: list[int], rhos: list[flo
     return table
 
 
+#: The steps ``--ops`` averages over (after the prompt's eviction and the first decode steps).
+OPS_STEPS = (9, 10, 11, 12)
+OPS_METHODS = ("full", "inertia", "inertia_lazy", "score_free", "tova_decode", "h2o", "adakv_ea")
+#: Llama-3.1-8B's geometry with the widths that only size the products cut: the same op graph, small enough
+#: for any CPU in either dtype.
+OPS_GEOMETRY = ("model=random_llama31_8b", "model.config.hidden_size=256", "model.config.intermediate_size=512",
+                "model.config.vocab_size=2048")  # fmt: skip
+
+
+def _steady_counts(engine: Engine, requests: list[Request], batch: int) -> tuple[float, float]:
+    """Mean kernels and host syncs per step over ``OPS_STEPS``."""
+    counted: list = []
+
+    def around(step: int) -> contextlib.AbstractContextManager:
+        if step not in OPS_STEPS:
+            return contextlib.nullcontext()
+        return _Recorded(counted)
+
+    engine.around_step = around
+    list(engine.generate_batch(enumerate(requests), batch)) if batch > 1 else engine.generate(requests[0])
+    engine.around_step = None
+    return (
+        sum(c.kernel_count for c in counted) / len(counted),
+        sum(c.sync_count for c in counted) / len(counted),
+    )
+
+
+class _Recorded(contextlib.AbstractContextManager):
+    def __init__(self, into: list) -> None:
+        self.into = into
+
+    def __enter__(self) -> None:
+        self.context = counting()
+        self.into.append(self.context.__enter__())
+
+    def __exit__(self, *exc: object) -> None:
+        self.context.__exit__(*exc)
+
+
+def _compiled(model: Any, method: EvictionMethod, request: Request) -> str:
+    """Whether the steady step compiles as one graph per path with no recompilation over 64 steps after warm-up."""
+    torch._dynamo.reset()
+    compiles: list[int] = []
+    engine = Engine(model, method, steady="compiled", token_lag=4)
+    engine.around_step = lambda step: _CountCompiles(compiles, step)
+    try:
+        engine.generate(Request(request.input_ids, 80))
+    except torch._dynamo.exc.Unsupported as error:
+        return f"graph break ({str(error).splitlines()[0][:60]})"
+    if not any(compiles):
+        return "eager (no static steady state)"
+    late = sum(compiles[16:])
+    return "clean" if late == 0 else f"{late} recompilations after warm-up"
+
+
+class _CountCompiles(contextlib.AbstractContextManager):
+    def __init__(self, into: list[int], step: int) -> None:
+        self.into, self.step = into, step
+
+    def __enter__(self) -> None:
+        self.before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+    def __exit__(self, *exc: object) -> None:
+        self.into.append(torch._dynamo.utils.counters["stats"]["unique_graphs"] - self.before)
+
+
+def ops_table(methods: list[str], dtypes: list[str], batch_sizes: list[int], length: int = 512) -> str:
+    """The ``--ops`` table in Markdown."""
+    lines = [
+        "| dtype | method | batch | kernels/step | x full | syncs/step | compiled |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for dtype in dtypes:
+        spec = ModelSpec.from_config(compose_config(*OPS_GEOMETRY, f"model.dtype={dtype}", "model.device=cpu").model)
+        model = load_model(spec)
+        prompts = [[(7 * i + j) % 2000 + 1 for j in range(length)] for i in range(max(batch_sizes))]
+        full: dict[int, float] = {}
+        for name in methods:
+            for batch in batch_sizes:
+                method = bench_method(name, 0.5)
+                requests = [Request(ids, max(OPS_STEPS) + 2) for ids in prompts[:batch]]
+                engine = Engine(model, method, token_lag=4, steady="eager")
+                kernels, syncs = _steady_counts(engine, requests, batch)
+                if name == "full":
+                    full[batch] = kernels
+                ratio = f"{kernels / full[batch]:.2f}" if batch in full else ""
+                compiled = _compiled(model, bench_method(name, 0.5), requests[0]) if batch == 1 else "eager"
+                lines.append(f"| {dtype} | {name} | {batch} | {kernels:.0f} | {ratio} | {syncs:.2f} | {compiled} |")
+                print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2_135m")
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--rhos", type=float, nargs="+", default=[0.9])
-    parser.add_argument(
-        "--methods", nargs="+", default=["full", "tova", "h2o", "inertia", "inertia_lazy", "score_free"]
-    )
+    parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=1, help="rounds over all methods; medians are printed")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="also decode throughput at these")
     parser.add_argument("--skip-single", action="store_true", help="only the batch or kvpress table")
     parser.add_argument("--kvpress", default=None, help="python of an environment with kvpress: compare with it")
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled generation of the shares")
+    parser.add_argument("--ops", action="store_true", help="count kernels and host syncs per steady step instead")
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="--ops: the model's dtypes")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     pd.set_option("display.width", 200)
+    if args.ops:
+        methods = args.methods if args.methods != DEFAULT_METHODS else list(OPS_METHODS)
+        print(ops_table(methods, args.dtypes, args.batch_sizes or [1, 8]))
+        return
     header = f"\nmodel={args.model} new_tokens={args.new_tokens} threads={torch.get_num_threads()}"
     if not args.skip_single:
-        table = run(args.model, args.lengths, args.rhos, args.methods, args.new_tokens, args.repeats)
+        table = run(
+            args.model, args.lengths, args.rhos, args.methods, args.new_tokens, args.repeats, not args.no_profile
+        )
         print(f"{header} repeats={args.repeats}")
         print(table.round(3).to_string(index=False))
     if args.batch_sizes:

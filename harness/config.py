@@ -49,7 +49,8 @@ def model_spec(name: str) -> ModelSpec:
 
 
 def check_top_level(cfg: DictConfig) -> None:
-    """Refuse a malformed top-level option: rho, scale, seed, threads, batch_size, diagnostics, sampling.
+    """Refuse a malformed top-level option: rho, scale, seed, threads, batch_size, diagnostics, profile,
+    sampling.
 
     rho becomes a float here, so ``rho=0`` and ``rho=0.0`` are one run everywhere downstream.
     """
@@ -61,8 +62,9 @@ def check_top_level(cfg: DictConfig) -> None:
         raise ValueError(f"seed={cfg.seed!r} is not an integer — use e.g. seed=0")
     if cfg.threads is not None and not (is_int(cfg.threads) and cfg.threads >= 1):
         raise ValueError(f"threads={cfg.threads!r} is not a positive integer — use e.g. threads=1, or threads=null")
-    if not isinstance(cfg.diagnostics, bool):
-        raise ValueError(f"diagnostics={cfg.diagnostics!r} is not true or false — use diagnostics=true")
+    for switch in ("diagnostics", "profile"):
+        if not isinstance(cfg[switch], bool):
+            raise ValueError(f"{switch}={cfg[switch]!r} is not true or false — use {switch}=true or {switch}=false")
     if not (is_int(cfg.batch_size) and cfg.batch_size >= 1):
         raise ValueError(f"batch_size={cfg.batch_size!r} is not a positive integer — use e.g. batch_size=8")
     if cfg.diagnostics and cfg.batch_size > 1:

@@ -156,7 +156,16 @@ def _outcomes(plan: Plan, todo: list[Example], session: dict[str, Any]) -> Itera
     session["model_commit"] = getattr(model.config, "_commit_hash", None)
     sampling = Sampling(**OmegaConf.to_container(cfg.sampling, resolve=True))
     return run_on_model(
-        model, plan.task, plan.method, plan.tokenizer, sampling, cfg.seed, cfg.batch_size, cfg.diagnostics, todo
+        model,
+        plan.task,
+        plan.method,
+        plan.tokenizer,
+        sampling,
+        cfg.seed,
+        cfg.batch_size,
+        cfg.diagnostics,
+        todo,
+        profile=cfg.profile,
     )
 
 

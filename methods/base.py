@@ -7,6 +7,7 @@ same object drives a real model (``harness.decode.engine``) and the synthetic di
 
 Call order for one sequence::
 
+    check(info)                              # before any weights load: refuse, or the budget
     begin(info)
     prefill forward  -> observe_prefill(view) per layer, if wants_prefill_queries
                         keep_prefill_layer(layer, positions) right after it (layer-wise prefill eviction)
@@ -20,6 +21,18 @@ Call order for one sequence::
 
 A caller whose steps bring several tokens at once (the dialog world's whole turns) advances
 ``t`` by their count, so ``prefill_len + t`` is always the number of tokens seen.
+
+The steady state. Once every layer holds exactly its budget B, a method that evicts one entry per
+row at every step is in a static loop: each step appends one entry (B + 1), observes, and gives one
+back. A method that says so (``steady()``) is then served without ``keep``: the engine keeps the
+positions in one ``(layers', rows, B + 1)`` table (``keep_shape``: one layer for a keep shared by all
+layers, one row for a keep shared by a layer's KV heads) whose last slot holds the newest entry, and
+each step asks ``evict_one`` for the slot each row gives up. Nothing in that step reads the host, so
+on a GPU it is captured as a graph, one per path (a step that observes, and one that does not)::
+
+    while steady():
+        forward      -> observe(view) per layer, if observes(t)
+        evict_one(table, seen, observed=observes(t))     # (layers', rows, 1) slots, on the device
 """
 
 from __future__ import annotations
@@ -49,6 +62,8 @@ class SequenceInfo:
             rotation of positions not yet seen (Expected Attention) computes it from these. None
             before the weights load and outside a model (the dialog world).
         dtype: the dtype of the cached keys and values (float32 before the weights load).
+        refill: the caller stores the cache in slots (the engine): ``keep`` may answer a step that
+            evicts one entry per row with a ``Refill`` per layer instead of the indices kept.
     """
 
     prefill_len: int
@@ -61,6 +76,7 @@ class SequenceInfo:
     rope_inv_freq: Tensor | None = None
     rope_scale: float = 1.0
     dtype: torch.dtype = torch.float32
+    refill: bool = False
 
 
 #: One tensor per KV head, ``(T_h, ...)``: a ragged layer, whose heads hold different counts.
@@ -125,6 +141,21 @@ class LayerView:
 
 
 _VIEW_TENSORS = ("keys", "values", "positions", "weights", "queries", "embeddings")
+
+
+@dataclass(frozen=True)
+class Refill:
+    """A layer loses one entry per KV head: slot ``slots[h]`` takes the entry of the last slot, and the
+    layer shrinks by one.
+
+    ``slots`` is ``(kv_heads, 1)``, or ``(1, 1)`` when every head loses the same slot. A driver made
+    with ``refill=True`` (the engine, whose cache stores slots) turns a keep of all but one entry into
+    this when the method does not rely on arrival order (``EvictionMethod.order_free``): one entry
+    copied per head instead of a gather of the layer. The positions follow the same move. A method
+    that evicts one entry per row may answer ``keep`` with it directly (``SequenceInfo.refill``).
+    """
+
+    slots: Tensor
 
 
 #: What one layer keeps, as indices into its cached entries: ``(T',)`` for a set shared by all
@@ -227,6 +258,20 @@ class EvictionMethod(ABC):
         ``positions[layer]`` is ``(kv_heads, T)``, the absolute positions now cached (a
         ``PerHead`` tuple on a ragged layer).
         """
+
+    def steady(self) -> bool:
+        """Whether the current state is the static loop of the module docstring (nothing to evict: False)."""
+        return False
+
+    def keep_shape(self) -> tuple[int, int]:
+        """``(layers', rows)`` of the steady positions table: 1 where a keep is shared (all layers, a layer's heads)."""
+        raise NotImplementedError(f"method {self.name!r} has no steady state")
+
+    def evict_one(self, positions: Tensor, seen: Tensor, observed: bool) -> Tensor:
+        """At a steady step: the slot each row gives up, ``(layers', rows, 1)``, of ``positions``
+        ``(layers', rows, B + 1)`` (the newest entry in the last slot); ``seen`` counts the tokens so far
+        (a 0-dim device tensor); ``observed`` whether ``observe`` ran at this step. Reads nothing on the host."""
+        raise NotImplementedError(f"method {self.name!r} has no steady state")
 
     def state_bytes(self) -> int:
         """Bytes of per-sequence state the method holds beside the cache and must count as cache memory

@@ -28,28 +28,23 @@ cache follows the same rule.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from methods.base import EvictionMethod, KeepPlan, LayerKeep, LayerView, PerHead, Reconstruction, SequenceInfo
-from methods.stopwatch import Stopwatch
-
-
-@dataclass(frozen=True)
-class Refill:
-    """A layer loses one entry per KV head: slot ``slots[h]`` takes the entry of the last slot, and the
-    layer shrinks by one.
-
-    ``slots`` is ``(kv_heads, 1)``, or ``(1, 1)`` when every head loses the same slot. A driver made
-    with ``refill=True`` (the engine, whose cache stores slots) turns a keep of all but one entry into
-    this when the method does not rely on arrival order (``EvictionMethod.order_free``): one entry
-    copied per head instead of a gather of the layer. The positions follow the same move.
-    """
-
-    slots: Tensor
+from methods.base import (
+    EvictionMethod,
+    KeepPlan,
+    LayerKeep,
+    LayerView,
+    PerHead,
+    Reconstruction,
+    Refill,
+    SequenceInfo,
+)
+from methods.stopwatch import Stopwatch, Unclocked
 
 
 def refill_of(index: Tensor, length: int) -> Refill:
@@ -118,28 +113,35 @@ class Driver:
     Parameters:
         method: the eviction method (``begin`` is called here).
         info: the sequence; every layer starts with positions ``0 .. prefill_len - 1``.
+        refill: the caller's cache stores slots (``Refill``); granted only to an ``order_free`` method.
+        profile: time the method at every decode step (``score_s``); the prefill is always timed.
 
     Attributes:
         positions: per layer, the ``(kv_heads, T)`` absolute positions cached now.
+        table: in the steady state (``steady``), the ``(layers', rows, B + 1)`` positions the layers'
+            positions are views of; its last slot holds the newest entry. None before.
         step: 0 during the prefill, t during decode step t.
         observing, attention: whether the method observes this step, and needs its weights.
         score_s: seconds inside the method (observations and keep decisions) since the prefill,
-            on the device's clock (``methods.stopwatch``: CUDA events, read once at the end).
+            on the device's clock (``methods.stopwatch``: CUDA events, read once at the end); None
+            unless profiled.
         prefill_score_s: seconds inside the method during the prefill (its prompt observation,
             reconstruction passes and prefill keep decisions), part of the prefill's time.
     """
 
-    def __init__(self, method: EvictionMethod, info: SequenceInfo, refill: bool = False) -> None:
+    def __init__(self, method: EvictionMethod, info: SequenceInfo, refill: bool = False, profile: bool = True) -> None:
         self.method = method
         self.refill = refill and method.order_free
-        self.info = info
-        method.begin(info)
+        self.info = dataclasses.replace(info, refill=self.refill)
+        self.profile = profile
+        method.begin(self.info)
         prompt = torch.arange(info.prefill_len, device=info.device).expand(info.num_kv_heads, -1)
         self.positions: list[Tensor] = [prompt] * info.num_layers
+        self.table: Tensor | None = None
         self.step = 0
         self.observing = False
         self.attention = False
-        self.clock = Stopwatch(info.device)
+        self.clock: Stopwatch | Unclocked = Stopwatch(info.device)
         self.prefill_score_s = 0.0
         self.reconstructing: tuple[int, int] | None = None
 
@@ -183,21 +185,64 @@ class Driver:
         """The prefill-time keep plan; the time spent here belongs to the prefill, not to decoding."""
         plan = self._keep()
         self.prefill_score_s = self.clock.seconds
+        self.clock = self.clock if self.profile else Unclocked()
         self.clock.reset()
         return plan
 
     @property
-    def score_s(self) -> float:
+    def score_s(self) -> float | None:
         return self.clock.seconds
 
     def next_step(self, tokens: int = 1) -> None:
-        """Start the next decode step: its ``tokens`` tokens' positions join every layer's cache."""
+        """Start the next decode step: its ``tokens`` tokens' positions join every layer's cache.
+
+        In the steady state the newest position is the caller's to write into the table's last slot
+        (``write_newest``, on the device), so this reads nothing but host counters.
+        """
         first = self.info.prefill_len + self.step
         self.step += tokens
-        newest = torch.arange(first, first + tokens, device=self.info.device).expand(self.info.num_kv_heads, -1)
-        self.positions = _per_layer(lambda p, _: append_newest(p, newest), self.positions)
+        if self.table is None:
+            newest = torch.arange(first, first + tokens, device=self.info.device).expand(self.info.num_kv_heads, -1)
+            self.positions = _per_layer(lambda p, _: append_newest(p, newest), self.positions)
         self.observing = self.method.observes(self.step)
         self.attention = self.method.needs_attention(self.step)
+
+    def steady(self) -> bool:
+        """Whether the next steps are the method's static loop (``EvictionMethod.steady``) with every layer at
+        its budget; the caller then serves them with ``enter_steady`` and ``steady_step``."""
+        budget = self.method.budget()
+        return (
+            self.refill
+            and self.method.steady()
+            and all(isinstance(p, Tensor) and p.shape[-1] == budget for p in self.positions)
+        )
+
+    def enter_steady(self) -> Tensor:
+        """Hold the positions in the steady table (one slot more than the budget, free) and return it."""
+        layers, rows = self.method.keep_shape()
+        budget = self.positions[0].shape[-1]
+        table = torch.zeros(layers, rows, budget + 1, dtype=torch.long, device=self.info.device)
+        table[..., :budget] = torch.stack([positions[:rows] for positions in self.positions[:layers]])
+        self.table = table
+        heads = self.info.num_kv_heads
+        self.positions = [table[layer if layers > 1 else 0].expand(heads, -1) for layer in range(self.info.num_layers)]
+        return table
+
+    def write_newest(self, position: Tensor) -> None:
+        """Steady state: the newest entry's position (a 0-dim device tensor) into the table's last slot."""
+        self.table.select(-1, self.table.shape[-1] - 1).fill_(position)
+
+    def refill_table(self, slots: Tensor) -> None:
+        """Steady state: slot ``slots`` of each row takes the newest entry's position (``evict_one``'s answer)."""
+        last = self.table.shape[-1] - 1
+        self.table.scatter_(2, slots, self.table[..., last:].clone())
+
+    def leave_steady(self) -> None:
+        """Back to per-layer positions of the budget's entries (the table's free slot left out)."""
+        if self.table is not None:
+            budget = self.table.shape[-1] - 1
+            self.positions = [p[:, :budget].clone() for p in self.positions]
+            self.table = None
 
     def bias(self, layer: int) -> Tensor | None:
         return self.method.logit_bias(layer, self.positions[layer])

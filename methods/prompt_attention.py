@@ -8,7 +8,9 @@ uses the log-normalisers of the prefill's own attention, about 1.4x a causal att
 against 13x for the softmax here). Otherwise they are computed here, without an S x S matrix and
 without a second softmax: the weight query i pays entry j is ``exp(q_i . k_j * scale - lse_i)``,
 with ``lse_i`` the row's log-normaliser from a first blockwise pass. Entries after a query's
-position get none of its weight, so each block of queries only reads the keys up to its last row.
+position get none of its weight, so each block of queries only reads the keys up to its last row,
+and only its last ``rows`` columns need a causal mask, made as the block is reached: the extra
+memory is one block's logits (``CHUNK_ELEMENTS``) and a ``rows x rows`` mask, never ``T x T``.
 """
 
 from __future__ import annotations
@@ -22,27 +24,30 @@ from methods.base import LayerView
 CHUNK_ELEMENTS = 1 << 26
 
 
-def _blocks(view: LayerView, chunk_elements: int) -> tuple[Tensor, Tensor, list[tuple[int, int, Tensor]]]:
-    """fp32 grouped queries ``(Hkv, group, Q, D)``, fp32 keys ``(Hkv, D, T)``, and per block of query
-    rows ``(first row, last row + 1, causal mask of the block's logits)``."""
+def _blocks(view: LayerView, chunk_elements: int) -> tuple[Tensor, Tensor, list[tuple[int, int]]]:
+    """fp32 grouped queries ``(Hkv, group, Q, D)``, fp32 keys ``(Hkv, D, T)``, and the blocks of query
+    rows ``(first row, last row + 1)`` whose logits fit in ``chunk_elements``."""
     kv_heads, length, dim = view.keys.shape
     heads, count = view.queries.shape[0], view.queries.shape[1]
     grouped = view.queries.float().view(kv_heads, heads // kv_heads, count, dim)
     keys = view.keys.float().transpose(-1, -2)
     rows = max(1, chunk_elements // (heads * length))
-    blocks = []
-    for start in range(0, count, rows):
-        end = min(start + rows, count)
-        visible = length - count + end
-        query_pos = torch.arange(length - count + start, visible, device=keys.device)
-        hidden = torch.arange(visible, device=keys.device)[None, :] > query_pos[:, None]
-        blocks.append((start, end, hidden))
-    return grouped, keys, blocks
+    return grouped, keys, [(start, min(start + rows, count)) for start in range(0, count, rows)]
 
 
-def _logits(grouped: Tensor, keys: Tensor, start: int, end: int, hidden: Tensor, scaling: float) -> Tensor:
-    logits = torch.matmul(grouped[:, :, start:end], keys[:, None, :, : hidden.shape[1]]) * scaling
-    return logits.masked_fill(hidden, -torch.inf)
+def _logits(grouped: Tensor, keys: Tensor, start: int, end: int, scaling: float) -> Tensor:
+    """The block's causal logits ``(Hkv, group, rows, visible)``: the keys up to its last row, its own
+    ``rows x rows`` corner masked where a key comes after a query."""
+    kv_heads, group, _, dim = grouped.shape
+    visible = keys.shape[-1] - grouped.shape[2] + end
+    rows = end - start
+    # One product per KV head over its whole query group: broadcasting the keys over the group would copy them.
+    block = grouped[:, :, start:end].reshape(kv_heads, group * rows, dim)
+    logits = torch.bmm(block, keys[:, :, :visible]).view(kv_heads, group, rows, visible) * scaling
+    corner = torch.arange(rows, device=keys.device)
+    hidden = corner[None, :] > corner[:, None]
+    logits[..., visible - rows :].masked_fill_(hidden, -torch.inf)
+    return logits
 
 
 def causal_logsumexp(view: LayerView, chunk_elements: int = CHUNK_ELEMENTS) -> Tensor:
@@ -51,7 +56,7 @@ def causal_logsumexp(view: LayerView, chunk_elements: int = CHUNK_ELEMENTS) -> T
 
 
 def _logsumexp(grouped: Tensor, keys: Tensor, blocks: list[tuple[int, int, Tensor]], scaling: float) -> Tensor:
-    parts = [_logits(grouped, keys, start, end, hidden, scaling).logsumexp(-1) for start, end, hidden in blocks]
+    parts = [_logits(grouped, keys, start, end, scaling).logsumexp(-1) for start, end in blocks]
     return torch.cat(parts, dim=-1)
 
 
@@ -68,7 +73,7 @@ def prompt_attention_votes(view: LayerView, chunk_elements: int = CHUNK_ELEMENTS
     grouped, keys, blocks = _blocks(view, chunk_elements)
     lse = _logsumexp(grouped, keys, blocks, view.scaling)
     votes = torch.zeros(*grouped.shape[:2], keys.shape[-1], device=keys.device)
-    for start, end, hidden in blocks:
-        logits = _logits(grouped, keys, start, end, hidden, view.scaling)
-        votes[..., : hidden.shape[1]] += (logits - lse[:, :, start:end, None]).exp().sum(dim=2)
+    for start, end in blocks:
+        logits = _logits(grouped, keys, start, end, view.scaling)
+        votes[..., : logits.shape[-1]] += (logits - lse[:, :, start:end, None]).exp().sum(dim=2)
     return votes.mean(dim=1)

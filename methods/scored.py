@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from methods.aggregators.base import Aggregator
-from methods.base import EvictionMethod, KeepPlan, LayerView, SequenceInfo
+from methods.base import EvictionMethod, KeepPlan, LayerView, Refill, SequenceInfo
 from methods.options import require_int, require_number
 from methods.prompt_attention import prompt_attention_votes
 from methods.scorers.attention import AttentionScorer
@@ -131,6 +131,9 @@ class ScoredEviction(EvictionMethod):
             # Each entry's highest single-layer score until the first eviction.
             self.peak = torch.zeros_like(self.state)
         self._evicted = False
+        self._reserved = None
+        if self._budget is not None:
+            self._reserved = self.selection.reserved(self._budget, info.prefill_len, capacity, info.device)
 
     def budget(self) -> int | None:
         return self._budget
@@ -195,30 +198,69 @@ class ScoredEviction(EvictionMethod):
             peak = self.peak[0 if self.selection.granularity == "token" else view.layer]
             peak.scatter_(1, positions, torch.maximum(peak.gather(1, positions), scores))
 
-    def _init_newest(self, positions: list[Tensor], newest: int) -> None:
-        layers = 1 if self.selection.granularity == "token" else len(positions)
-        for layer in range(layers):
-            rows = self._state_rows(layer)
-            cached = self._row_positions(positions[layer])
-            # The newest slot is still 0, so the row sum over the cache is the sum over the others.
-            rows[:, newest] = rows.gather(1, cached).sum(dim=1) / max(cached.shape[1] - 1, 1)
+    def keep_shape(self) -> tuple[int, int]:
+        granularity = self.selection.granularity
+        layers = 1 if granularity == "token" else self.info.num_layers
+        return layers, self.info.num_kv_heads if granularity == "head" else 1
+
+    def _table(self, positions: list[Tensor]) -> Tensor:
+        """The per-layer positions as the steady table ``(layers', rows, T)`` (``keep_shape``)."""
+        if self.selection.granularity == "token":
+            return positions[0][None, :1]
+        return torch.stack([self._row_positions(layer) for layer in positions])
+
+    def steady(self) -> bool:
+        # A compression interval, an adaptive alpha (host logic at every observed step) or a pending
+        # first-eviction rescue leave the loop; so does a scorer that reads the cache's order.
+        return (
+            self._budget is not None
+            and self.info.refill
+            and self.decode_eviction
+            and self.compress_every == 1
+            and self.scorer.order_free
+            and not self.aggregator.adapts
+            and (not self._rescue or self._evicted)
+        )
+
+    def evict_one(self, positions: Tensor, seen: Tensor | int, observed: bool) -> Tensor:
+        if not observed:
+            self._init_newest(positions, seen - 1)
+        priority = self.state.gather(2, positions)
+        return self.selection.evict_one(priority, positions, seen, self._budget, self._reserved)
+
+    def _init_newest(self, table: Tensor, newest: Tensor | int) -> None:
+        """Give the newest entry (not observed at this step) the mean state of the others, per row."""
+        # The newest slot is still 0, so the row sum over the cache is the sum over the others.
+        mean = self.state.gather(2, table).sum(dim=2, keepdim=True) / max(table.shape[-1] - 1, 1)
+        at = torch.as_tensor(newest, device=table.device).view(1, 1, 1).expand_as(mean)
+        self.state.scatter_(2, at, mean)
 
     def keep(self, step: int, positions: list[Tensor]) -> KeepPlan | None:
         if self._budget is None or (step == 0 and not self.prefill_attention):
             return None
         if step > 0 and not self.decode_eviction:
             return None
-        newest = self.info.prefill_len + step - 1
+        seen = self.info.prefill_len + step
+        observed = step > 0 and self.observes(step)
+        one = self.info.refill and not (self._rescue and not self._evicted) and not isinstance(positions[0], tuple)
+        one = one and step > 0 and self._compresses(step) and positions[0].shape[-1] == self._budget + 1
+        if one:
+            # One entry per row goes: the steady step's own choice, given as the slot each row gives up.
+            if observed:
+                cached = positions[0][:1]
+                self.aggregator.end_step(step, cached, self.state[0].gather(1, cached), self._budget)
+            slots = self.evict_one(self._table(positions), seen, observed)
+            self._evicted = True
+            return [Refill(slots[layer if slots.shape[0] > 1 else 0]) for layer in range(len(positions))]
         # At step 0 (prefill_attention) the newest entry is the last prompt token, already scored.
-        if step > 0 and not self.observes(step):
-            self._init_newest(positions, newest)
-        if step > 0 and self.observes(step):
+        if step > 0 and not observed:
+            self._init_newest(self._table(positions), seen - 1)
+        if observed:
             cached = positions[0][:1]
             self.aggregator.end_step(step, cached, self.state[0].gather(1, cached), self._budget)
         if (step > 0 and not self._compresses(step)) or positions[0].shape[-1] <= self._budget:
             self._evicted = self._evicted or step == 0
             return None
-        seen = newest + 1
         if self.selection.granularity == "token":
             cached = positions[0][:1]
             shared = self._select(0, cached, seen)[0]
@@ -229,7 +271,7 @@ class ScoredEviction(EvictionMethod):
                 # Every layer holds the same count: one selection over all layers at once.
                 stacked = torch.stack(rows)
                 priority = self.state.gather(2, stacked)
-                chosen = self.selection.select(priority, stacked, seen, self._budget, self.info.prefill_len)
+                chosen = self.selection.select(priority, stacked, seen, self._budget, self._reserved)
                 per_layer = list(chosen.unbind(0))
             else:
                 per_layer = [self._select(layer, row, seen) for layer, row in enumerate(rows)]
@@ -239,10 +281,9 @@ class ScoredEviction(EvictionMethod):
 
     def _select(self, layer: int, cached: Tensor, seen: int) -> Tensor:
         priority = self._state_rows(layer).gather(1, cached)
-        prompt = self.info.prefill_len
         if not self._rescue or self._evicted:
-            return self.selection.select(priority, cached, seen, self._budget, prompt)
-        main = self.selection.select(priority, cached, seen, self._budget - self._rescue, prompt)
+            return self.selection.select(priority, cached, seen, self._budget, self._reserved)
+        main = self.selection.select(priority, cached, seen, self._budget - self._rescue, self._reserved)
         peak = self.peak[0 if self.selection.granularity == "token" else layer].gather(1, cached)
         rescued = peak.scatter(1, main, -torch.inf).topk(self._rescue, dim=-1).indices
         return torch.cat([main, rescued], dim=-1).sort(dim=-1).values

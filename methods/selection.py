@@ -87,6 +87,15 @@ class Selection:
         count = min(exact_floor(self.reserve_fraction * budget), prompt_len)
         return torch.arange(count) * prompt_len // max(count, 1)
 
+    def reserved(self, budget: int, prompt_len: int, capacity: int, device: torch.device) -> Tensor | None:
+        """The static reserve as a mask over positions ``0 .. capacity - 1`` on ``device`` (None without one):
+        made once per sequence, so a step tests its entries by indexing, not by sorting (``isin``)."""
+        if self.reserve_fraction == 0:
+            return None
+        mask = torch.zeros(capacity, dtype=torch.bool)
+        mask[self.reserve(budget, prompt_len)] = True
+        return mask.to(device)
+
     def budget_for(self, prefill_len: int) -> int | None:
         """The budget for a prompt of ``prefill_len`` tokens; None when nothing is evicted."""
         if self.budget_tokens is not None:
@@ -110,7 +119,7 @@ class Selection:
         return budget
 
     def select(
-        self, priority: Tensor, positions: Tensor, seen: int, budget: int, prompt_len: int | None = None
+        self, priority: Tensor, positions: Tensor, seen: int, budget: int, reserved: Tensor | None = None
     ) -> Tensor:
         """Indices (sorted, per row) of the ``budget`` entries to keep.
 
@@ -118,19 +127,30 @@ class Selection:
             priority: ``(rows, T)`` higher is kept first.
             positions: ``(rows, T)`` absolute positions of the entries.
             seen: tokens seen so far; positions ``>= seen - recent`` are protected.
-            prompt_len: L0, which places the static reserve (needed when ``reserve_fraction > 0``).
+            reserved: the static reserve's mask (``reserved``; needed when ``reserve_fraction > 0``).
         """
-        ranked = priority.masked_fill(self.protected(positions, seen, budget, prompt_len), torch.inf)
+        ranked = priority.masked_fill(self.protected(positions, seen, budget, reserved), torch.inf)
         return ranked.topk(budget, dim=-1).indices.sort(dim=-1).values
 
-    def protected(self, positions: Tensor, seen: int, budget: int, prompt_len: int | None = None) -> Tensor:
+    def evict_one(
+        self, priority: Tensor, positions: Tensor, seen: Tensor | int, budget: int, reserved: Tensor | None
+    ) -> Tensor:
+        """Of ``budget + 1`` entries per row, the one to give up: the lowest priority not protected, ``(..., 1)``.
+
+        One ``argmin`` rather than ``select``'s sort of the ``budget`` kept; among equal priorities the first
+        slot goes (``select`` gives no order among ties).
+        """
+        ranked = priority.masked_fill(self.protected(positions, seen, budget, reserved), torch.inf)
+        return ranked.argmin(dim=-1, keepdim=True)
+
+    def protected(self, positions: Tensor, seen: Tensor | int, budget: int, reserved: Tensor | None = None) -> Tensor:
         """Which entries ``select`` always keeps (sinks, recent window, static reserve), as a mask of ``positions``."""
         protected = (positions < self.sinks) | (positions >= seen - self.recent(budget))
         if self.reserve_fraction > 0:
-            if prompt_len is None:
+            if reserved is None:
                 raise ValueError(
                     f"method.selection.reserve_fraction={self.reserve_fraction} needs the decode-time scored"
                     " selection, which knows the prompt length — use it with a scored method, or set it to 0"
                 )
-            protected |= torch.isin(positions, self.reserve(budget, prompt_len).to(positions.device))
+            protected |= reserved[positions]
         return protected

@@ -8,6 +8,7 @@ this way never synchronises with the host.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,3 +55,17 @@ def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         for index in range(torch.cuda.device_count()):
             torch.cuda.synchronize(index)
+
+
+class Unclocked:
+    """A ``Stopwatch`` that times nothing: a step that must not wait on the host (a captured graph, a
+    compiled step) runs without a clock inside, and its share is not measured (``seconds`` is None)."""
+
+    seconds = None
+
+    def timing(self) -> contextlib.AbstractContextManager[None]:
+        # A plain null context: a compiler traces through it, where a generator-based one can break the graph.
+        return contextlib.nullcontext()
+
+    def reset(self) -> None:
+        """Nothing to forget."""

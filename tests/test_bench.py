@@ -8,7 +8,7 @@ from harness.bench import run
 
 
 def test_bench_rows_for_prefill_scoring_and_reconstructing_methods() -> None:
-    table = run("tiny_llama", [512], [0.5], ["full", "h2o", "kvzip"], new_tokens=4).set_index("method")
+    table = run("tiny_llama", [512], [0.5], ["full", "h2o", "kvzip"], new_tokens=4, profile=True).set_index("method")
     assert list(table.index) == ["full", "h2o", "kvzip", "full@B"]
     context = int(table.loc["full", "context"])
     budget = math.floor(0.5 * context)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import named_method
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.decode import kv_cache
 from harness.decode.attention import AttentionCall, causal_column_mass
@@ -218,3 +219,40 @@ def test_the_full_cache_is_written_in_place(tiny_models):
 
 def prompt_ids(model, length: int) -> list[int]:
     return torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(8)).tolist()
+
+
+class _Largest(TorchDispatchMode):
+    """The most elements any operation's output held in memory of its own (a view of an input allocates none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {
+            a.untyped_storage().data_ptr() for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)
+        }
+        for tensor in out if isinstance(out, tuple | list) else (out,):
+            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in inputs:
+                self.largest = max(self.largest, tensor.numel())
+        return out
+
+
+def test_prompt_votes_without_a_fused_kernel_hold_one_block_at_a_time():
+    # Every prompt query votes (H2O) with no fused kernel (a GPU's case): a causal mask of the prompt would
+    # hold 4096 x 4096 elements per head; one block's logits hold at most the chunk.
+    generator = torch.Generator().manual_seed(4)
+    length, chunk = 4096, 1 << 16
+    keys, queries = torch.randn(2, length, 8, generator=generator), torch.randn(4, length, 8, generator=generator)
+    view = LayerView(0, keys, keys, torch.arange(length).expand(2, -1), queries=queries, scaling=0.5)
+    with _Largest() as watch:
+        votes = prompt_attention_votes(view, chunk_elements=chunk)
+    assert watch.largest <= chunk < length * length
+    torch.testing.assert_close(votes.sum(dim=1), torch.full((2,), float(length)))
+    # The same votes as the exact dense computation on a prompt small enough for one.
+    small = LayerView(0, keys[:, :300], keys[:, :300], torch.arange(300).expand(2, -1), queries=queries[:, :300],
+                      scaling=0.5)  # fmt: skip
+    logits = (queries[:, :300] @ keys[:, :300].repeat_interleave(2, 0).transpose(1, 2)) * 0.5
+    dense = logits.masked_fill(torch.ones(300, 300, dtype=torch.bool).triu(1), -torch.inf).softmax(-1).sum(dim=1)
+    torch.testing.assert_close(prompt_attention_votes(small, chunk_elements=1 << 12), dense.view(2, 2, 300).mean(1))

@@ -233,3 +233,15 @@ def test_diagnostics_are_written_per_example_in_their_own_run(tmp_path):
     assert traced != plain and not (tmp_path / plain / "diagnostics.jsonl").exists()
     lines = (tmp_path / traced / "diagnostics.jsonl").read_text().splitlines()
     assert [json.loads(line)["example_id"] for line in lines] == ["niah_single_1/512/0000", "niah_single_1/512/0001"]
+
+
+def test_a_profiled_run_times_the_method_apart_in_its_own_run(tmp_path):
+    overrides = (*TINY, "method=inertia", "rho=0.5", f"results_dir={tmp_path}")
+    plain = execute(compose_config(*overrides))["run_id"]
+    profiled = execute(compose_config(*overrides, "profile=true"))["run_id"]
+    assert profiled != plain
+    shares = [(r["score_s"], r["evict_s"]) for r in records_of(tmp_path / plain)]
+    assert shares == [(None, None)] * 2
+    for record, again in zip(records_of(tmp_path / profiled), records_of(tmp_path / plain), strict=True):
+        assert record["score_s"] > 0 and record["evict_s"] >= 0 and record["identity"]["method"]["profile"] is True
+        assert record["prediction"] == again["prediction"] and record["kv_entries_held"] == again["kv_entries_held"]

@@ -10,9 +10,11 @@ refills the evicted slot with the last entry, so a steady-state step copies no l
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -25,11 +27,12 @@ from harness.decode.attention import select
 from harness.decode.evicting_attention import EVICTING, BatchState, StepState
 from harness.decode.reconstruction import reconstruction_passes
 from harness.decode.sampling import Sampling
+from harness.decode.steady import SteadyLoop, TokenReader, host_token
 from harness.models import check_length
 from harness.record.schema import Figures
 from methods.base import EvictionMethod, SequenceInfo
 from methods.driver import Driver
-from methods.stopwatch import Stopwatch, synchronize
+from methods.stopwatch import Stopwatch, Unclocked, synchronize
 
 
 @dataclass
@@ -145,8 +148,17 @@ class Engine:
             serves each sequence of a batch with a copy of it).
         sampling: greedy by default.
         on_step: optional callback ``(step, context, cache)`` after each step's eviction
-            (tests and diagnostics).
+            (tests and diagnostics; every step is then eager and profiled).
         tokenizer: the model's tokenizer, for methods that reconstruct the context (KVzip).
+        profile: time the method and the gathers at every decode step (``score_s``, ``evict_s``);
+            steps are then eager. Off: one interval per step (``decode_s``), and a method with a
+            static steady state decodes it in ``harness.decode.steady``'s step.
+        steady: how steady steps run (``harness.decode.steady.MODES``); None: ``graph`` on CUDA,
+            ``eager`` elsewhere.
+        around_step: optional ``step -> context manager`` entered around each decode step of ``generate``
+            (the bench counts a step's kernels and host syncs inside it).
+        token_lag: how many steady steps behind the device the host reads the tokens
+            (``harness.decode.steady.TokenReader``); None: 4 on CUDA, 0 elsewhere.
     """
 
     model: PreTrainedModel
@@ -154,6 +166,10 @@ class Engine:
     sampling: Sampling = field(default_factory=Sampling)
     on_step: StepHook | None = None
     tokenizer: Any = None
+    profile: bool = False
+    steady: str | None = None
+    around_step: Callable[[int], AbstractContextManager[Any]] | None = None
+    token_lag: int | None = None
 
     def __post_init__(self) -> None:
         kv_cache.check_layers(self.model.config, self.model.config.name_or_path or self.model.config.model_type)
@@ -162,14 +178,24 @@ class Engine:
         self.num_layers = info.num_layers
         self.num_kv_heads = info.num_kv_heads
         self.device = self.model.device
+        if self.steady is None:
+            self.steady = "graph" if self.device.type == "cuda" else "eager"
+        if self.token_lag is None:
+            self.token_lag = 4 if self.device.type == "cuda" else 0
+
+    @property
+    def profiling(self) -> bool:
+        """Whether steps are timed in detail: asked for, or a step hook set (at any time) needs every step eager."""
+        return self.profile or self.on_step is not None
 
     def check(self, prefill_len: int, max_new_tokens: int) -> None:
         """Fail now, not mid-run, if the model or the method rejects this sequence (``check_servable``)."""
         check_servable(self.model.config, self.method, prefill_len, max_new_tokens, "the prompt")
 
-    def _forward(self, ids: list[int], start: int, cache: object) -> Tensor:
-        input_ids = torch.tensor([ids], device=self.device)
-        position_ids = torch.arange(start, start + len(ids), device=self.device)[None]
+    def _forward(self, ids: list[int] | Tensor, start: int, cache: object) -> Tensor:
+        """The last logits of ``ids`` (a list, or a ``(1, n)`` device tensor) fed from position ``start``."""
+        input_ids = ids if isinstance(ids, Tensor) else torch.tensor([ids], device=self.device)
+        position_ids = torch.arange(start, start + input_ids.shape[1], device=self.device)[None]
         output = self.model(
             input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=1
         )
@@ -201,15 +227,23 @@ class Engine:
 
     @torch.inference_mode()
     def generate(self, request: Request) -> Generation:
-        """Decode ``request`` alone: its prefill, then up to ``max_new_tokens`` steps under the method."""
+        """Decode ``request`` alone: its prefill, then up to ``max_new_tokens`` steps under the method.
+
+        Each step is one interval of ``decode_s`` (CUDA events, read once at the end). A step of the
+        method's static steady state runs as ``harness.decode.steady`` builds it; any other step is
+        eager. Either way the next token is chosen on the device and fed from there.
+        """
         sequence = self._start(request, self.method)
         while not sequence.finished:
-            start = self._clock()
-            token, position = sequence.next_step()
-            with EVICTING.active(sequence.state):
-                logits = self._forward([token], position, sequence.cache)
-            sequence.end_step(logits)
-            sequence.decode_s += self._clock() - start
+            around = self.around_step(sequence.step + 1) if self.around_step else contextlib.nullcontext()
+            with sequence.stepping.timing(), around:
+                if sequence.steady_ready():
+                    sequence.steady_step()
+                else:
+                    position = sequence.next_step()
+                    with EVICTING.active(sequence.state):
+                        logits = self._forward(sequence.token_t, position, sequence.cache)
+                    sequence.end_step(logits)
         return sequence.generation()
 
     @torch.inference_mode()
@@ -233,10 +267,11 @@ class Engine:
         pending = iter(requests)
         free = [self.method, *(copy.deepcopy(self.method) for _ in range(batch_size - 1))]
         active: list[tuple[Key, _Sequence]] = []
+        batch_step = 0
         while True:
             while free and (item := next(pending, None)) is not None:
                 key, request = item
-                sequence = self._start(request, free.pop())
+                sequence = self._start(request, free.pop(), lag=0)
                 if sequence.finished:
                     free.append(sequence.method)
                     yield key, sequence.generation()
@@ -245,12 +280,16 @@ class Engine:
             if not active:
                 return
             sequences = [sequence for _, sequence in active]
+            batch_step += 1
+            around = self.around_step(batch_step) if self.around_step else contextlib.nullcontext()
             start = self._clock()
-            steps = [sequence.next_step() for sequence in sequences]
-            with EVICTING.active(BatchState([sequence.state for sequence in sequences])):
-                logits = self._forward_batch(steps, [sequence.cache for sequence in sequences])
-            for row, sequence in enumerate(sequences):
-                sequence.end_step(logits[row])
+            with around:
+                # Batch rows read their tokens at once (lag 0): the host feeds them.
+                steps = [(sequence.tokens[-1], sequence.next_step()) for sequence in sequences]
+                with EVICTING.active(BatchState([sequence.state for sequence in sequences])):
+                    logits = self._forward_batch(steps, [sequence.cache for sequence in sequences])
+                for row, sequence in enumerate(sequences):
+                    sequence.end_step(logits[row])
             seconds = self._clock() - start
             for sequence in sequences:
                 sequence.decode_s += seconds
@@ -282,7 +321,7 @@ class Engine:
         )
         return output.logits[:, -1]
 
-    def _start(self, request: Request, method: EvictionMethod) -> _Sequence:
+    def _start(self, request: Request, method: EvictionMethod, lag: int | None = None) -> _Sequence:
         """Prefill ``request`` under ``method`` (its prefill-time eviction included) and choose its first token."""
         input_ids, max_new_tokens = request.input_ids, request.max_new_tokens
         if not input_ids:
@@ -298,7 +337,7 @@ class Engine:
         most = prefill_len + max_new_tokens - 1
         _reset_peak(self.device)
         start = self._clock()
-        driver = Driver(method, info, refill=True)
+        driver = Driver(method, info, refill=True, profile=self.profiling)
         budget = method.budget()
         # Room for the prompt and the first step's token, or for the cache's growth up to the budget.
         capacity = most if budget is None else min(most, max(prefill_len + 1, budget + 1))
@@ -311,7 +350,8 @@ class Engine:
         self._reconstruct(state, input_ids, cache)
         if (plan := state.driver.end_prefill()) is not None:
             kv_cache.evict(cache, plan)
-        sequence = _Sequence(self, request, method, state, max_new_tokens)
+        # A batch step feeds every row's token from the host: its tokens are read at once.
+        sequence = _Sequence(self, request, method, state, max_new_tokens, self.token_lag if lag is None else lag)
         sequence.prefill_s = self._clock() - start
         sequence.prefill_peak = _peak(self.device, state.peak_bytes)
         sequence.full_token_bytes = full_token_bytes
@@ -351,7 +391,9 @@ class Request:
 class _Sequence:
     """One sequence between its prefill and its last token: the method serving it, its cache and figures."""
 
-    def __init__(self, engine: Engine, request: Request, method: EvictionMethod, state: StepState, limit: int) -> None:
+    def __init__(
+        self, engine: Engine, request: Request, method: EvictionMethod, state: StepState, limit: int, lag: int
+    ) -> None:
         self.engine, self.request, self.method, self.state = engine, request, method, state
         self.cache = state.cache
         self.limit = limit
@@ -363,57 +405,118 @@ class _Sequence:
         self.target_logprobs: list[float] = []
         self.target_greedy: list[bool] = []
         self.step = 0
-        self.max_cache_len = 0
-        self.evicting = Stopwatch(engine.device)
+        # Per decode step: the cache's bytes after the forward, and its longest layer after the eviction.
+        # Kept per step, so a step run past a stop (a token read late) counts in neither figure.
+        self.step_bytes: list[int] = []
+        self.step_lengths: list[int] = []
+        self.evicting = Stopwatch(engine.device) if engine.profiling else Unclocked()
+        # One interval per decode step (batch steps add their wall time to ``decode_s`` instead).
+        self.stepping = Stopwatch(engine.device)
         self.prefill_s = self.decode_s = 0.0
         self.prefill_peak = self.decode_peak = self.full_token_bytes = 0
+        # The token the next step feeds and its position, on the device: chosen there, fed from there.
+        self.token_t = torch.zeros(1, 1, dtype=torch.long, device=engine.device)
+        self.position_t = torch.zeros((), dtype=torch.long, device=engine.device)
+        self.loop: SteadyLoop | None = None
+        self.reader = TokenReader(engine.device, lag)
+        self.stopped = False
 
     @property
     def finished(self) -> bool:
-        tokens = self.tokens
-        if len(tokens) >= self.limit:
-            return True
-        if len(tokens) < self.request.min_new_tokens:
-            return False
-        return tokens[-1] in self.stops or bool(self.stop and self.stop(tokens))
+        """A stop was read, or enough steps were launched (some of whose tokens may still be on their way)."""
+        return self.stopped or len(self.tokens) + len(self.reader) >= self.limit
+
+    def receive(self, tokens: list[int]) -> None:
+        """Take the tokens the host has read, in order, up to the first that ends the sequence (the rest came
+        from steps run past the stop, and are discarded)."""
+        for token in tokens:
+            if self.stopped:
+                return
+            self.tokens.append(token)
+            if len(self.tokens) >= self.request.min_new_tokens:
+                self.stopped = token in self.stops or bool(self.stop and self.stop(self.tokens))
 
     def take(self, logits: Tensor) -> None:
-        """Append the next token: sampled from ``logits``, or the forced one (its log-probability recorded)."""
+        """Append the next token: sampled from ``logits`` on the device (and fed from there), or the forced one
+        (its log-probability recorded)."""
         forced = self.request.forced
         if forced is not None:
             target = forced[len(self.target_logprobs)]
             logprobs = torch.log_softmax(logits.float(), dim=-1)
             self.target_logprobs.append(float(logprobs[target]))
             self.target_greedy.append(int(logprobs.argmax()) == target)
-            self.tokens.append(target)
+            self.receive([target])
+            self.token_t.fill_(target)
             return
         if self.generator is None:
             # On the logits' device: a sharded model's last layer may sit elsewhere than its first.
             self.generator = torch.Generator(device=logits.device).manual_seed(self.request.seed)
-        if len(self.tokens) < self.request.min_new_tokens and self.stops:
+        if len(self.tokens) + len(self.reader) < self.request.min_new_tokens and self.stops:
             logits = logits.index_fill(0, torch.tensor(sorted(self.stops), device=logits.device), -torch.inf)
-        self.tokens.append(self.sampling.choose(logits, self.generator))
+        self.token_t.copy_(self.sampling.next_token(logits, self.generator).view(1, 1))
+        if self.method.budget() is None:
+            # A cache that never evicts can be cut back after steps run past a stop: read the token late.
+            self.receive(self.reader.push(self.token_t))
+        else:
+            self.receive([host_token(self.token_t)])
 
-    def next_step(self) -> tuple[int, int]:
-        """Start the next decode step; the token it feeds and that token's position."""
+    def steady_ready(self) -> bool:
+        """Whether the next step is a steady one (``harness.decode.steady``): the method's static loop,
+        greedy, nothing forced or suppressed, not profiled."""
+        if self.loop is not None:
+            return True
+        engine, request, driver = self.engine, self.request, self.state.driver
+        plain = not engine.profiling and self.sampling.temperature == 0.0 and request.forced is None
+        plain = plain and len(self.tokens) >= request.min_new_tokens
+        return plain and driver.steady() and kv_cache.ModelSlots.fits(self.cache, driver.method.budget())
+
+    def steady_step(self) -> None:
+        """One step of the static loop; the host only counts it and reads the token it chose."""
+        if self.loop is None:
+            # What the eager steps measure at every step is constant from here on: measured once.
+            cache = self.cache
+            self.steady_figures = (
+                kv_cache.cache_bytes(cache) + kv_cache.bytes_per_token(cache),
+                max(kv_cache.cache_lengths(cache)),
+            )
+            self.position_t.fill_(self.state.driver.info.prefill_len + self.step)
+            self.loop = SteadyLoop(self.engine.model, self, self.engine.steady)
+        self.step_bytes.append(self.steady_figures[0])
+        self.step_lengths.append(self.steady_figures[1])
+        self.step += 1
+        driver = self.state.driver
+        driver.next_step()
+        with EVICTING.active(self.state):
+            self.loop.run(driver.observing)
+        self.receive(self.reader.push(self.token_t))
+
+    def next_step(self) -> int:
+        """Start the next decode step; the position of the token it feeds (``token_t``)."""
         self.step += 1
         self.state.driver.next_step()
-        return self.tokens[-1], self.state.driver.info.prefill_len + self.step - 1
+        return self.state.driver.info.prefill_len + self.step - 1
 
     def end_step(self, logits: Tensor) -> None:
         """After the step's forward: evict as the method says, then take the next token from ``logits``."""
         cache = self.cache
-        self.decode_peak = max(self.decode_peak, kv_cache.cache_bytes(cache))
+        self.step_bytes.append(kv_cache.cache_bytes(cache))
         if (plan := self.state.driver.end_step()) is not None:
             with self.evicting.timing():
                 kv_cache.evict(cache, plan)
-        self.max_cache_len = max(self.max_cache_len, *kv_cache.cache_lengths(cache))
+        self.step_lengths.append(max(kv_cache.cache_lengths(cache)))
         if self.engine.on_step:
             self.engine.on_step(self.step, self.state, cache)
         self.take(logits)
 
     def generation(self) -> Generation:
+        self.receive(self.reader.drain())
+        if self.loop is not None:
+            self.loop.leave()
         method, cache, driver = self.method, self.cache, self.state.driver
+        steps = len(self.tokens) - 1
+        if self.step > steps and method.budget() is None:
+            # Steps run past a stop grew a cache that never evicts: their entries go (it is in arrival order).
+            kv_cache.truncate(cache, driver.info.prefill_len + steps)
         state_bytes = method.state_bytes()
         prefill_len = driver.info.prefill_len
         return Generation(
@@ -425,15 +528,16 @@ class _Sequence:
             kv_entries_final=visible_entries(driver, cache),
             kv_entries_held=held_entries(cache),
             kv_bytes_final=kv_cache.cache_bytes(cache) + state_bytes,
-            kv_bytes_full=self.full_token_bytes * (prefill_len + self.step),
+            # Steps run past a stop (a token read late) fed tokens no record keeps.
+            kv_bytes_full=self.full_token_bytes * (prefill_len + len(self.tokens) - 1),
             prefill_peak_bytes=self.prefill_peak,
-            decode_peak_bytes=_peak(self.engine.device, self.decode_peak),
+            decode_peak_bytes=_peak(self.engine.device, max([self.decode_peak, *self.step_bytes[:steps]])),
             prefill_s=self.prefill_s,
-            decode_s=self.decode_s,
+            decode_s=self.decode_s + self.stepping.seconds,
             score_s=driver.score_s,
             prefill_score_s=driver.prefill_score_s,
             evict_s=self.evicting.seconds,
-            max_cache_len=self.max_cache_len,
+            max_cache_len=max([0, *self.step_lengths[:steps]]),
             state_bytes=state_bytes,
             slot_bytes_final=kv_cache.held_bytes(cache),
             target_logprobs=self.target_logprobs,

@@ -53,6 +53,12 @@ class StepState:
         """Per layer, the absolute positions cached now (``Driver.positions``)."""
         return self.driver.positions
 
+    def count_attention(self, layer: int, steady: bool) -> None:
+        """Count an explicit attention computation of ``layer`` (eager steps only: a host counter in a steady
+        step would change its graph at every step; the steady step's own test counts its graph instead)."""
+        if not steady:
+            self.attention_calls[layer] = self.attention_calls.get(layer, 0) + 1
+
 
 @dataclass
 class BatchState:
@@ -81,17 +87,28 @@ def single_query_attention(
     Returns the output ``(1, 1, H, D)`` (the layout attention functions return) and the
     weights ``(Hkv, H/Hkv, T)``. Logits and softmax are fp32 whatever the model's dtype (in bf16
     the output error was 8x SDPA's, so a scored and an unscored step ran on different numerics);
-    only the value product runs in the model's dtype. The weights handed on stay fp32.
+    only the value product runs in the model's dtype. The weights handed on stay fp32. On CUDA a
+    half-precision product accumulates and writes fp32 itself (``out_dtype``), so the keys are not
+    copied to fp32 at every scored step; elsewhere they are.
     """
     _, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     grouped = query.view(1, kv_heads, heads // kv_heads, dim)
-    logits = torch.matmul(grouped.float(), key.float().transpose(-1, -2)) * scaling
+    logits = _fp32_logits(grouped, key) * scaling
     if bias is not None:
         logits = logits + bias[None, :, None, :].float()
     weights = torch.softmax(logits, dim=-1)
     output = torch.matmul(weights.to(value.dtype), value).view(1, heads, 1, dim).transpose(1, 2)
     return output, weights[0]
+
+
+def _fp32_logits(grouped: Tensor, key: Tensor) -> Tensor:
+    """``grouped @ key^T`` in fp32, ``(1, Hkv, group, T)``: on CUDA without an fp32 copy of the keys."""
+    if key.is_cuda and key.dtype in (torch.bfloat16, torch.float16):
+        _, kv_heads, group, dim = grouped.shape
+        product = torch.bmm(grouped[0], key[0].transpose(-1, -2), out_dtype=torch.float32)
+        return product.view(1, kv_heads, group, -1)
+    return torch.matmul(grouped.float(), key.float().transpose(-1, -2))
 
 
 def ragged_single_query_attention(
@@ -180,21 +197,24 @@ def _forward(state: StepState | BatchState, call: AttentionCall) -> tuple[Tensor
     positions = driver.positions[layer]
     bias = driver.bias(layer)
     weights = None
+    # A steady step (``harness.decode.steady``) reads no host counter that changes from step to step.
+    steady = driver.table is not None
     if isinstance(positions, tuple):
         lengths = [row.numel() for row in positions]
         key, value = kv_cache.head_views(call.key, lengths), kv_cache.head_views(call.value, lengths)
         output, weights = ragged_single_query_attention(call.query, key, value, call.scaling, bias)
-        state.attention_calls[layer] = state.attention_calls.get(layer, 0) + 1
+        state.count_attention(layer, steady)
     else:
         key, value = call.key[0], call.value[0]
         if not driver.attention and bias is None:
             output, _ = call.sdpa()
         else:
             output, weights = single_query_attention(call.query, call.key, call.value, call.scaling, bias)
-            state.attention_calls[layer] = state.attention_calls.get(layer, 0) + 1
+            state.count_attention(layer, steady)
     if driver.observing:
+        seen = None if steady else driver.seen
         view = LayerView(
-            layer, key, value, positions, weights=weights, queries=call.query[0], scaling=call.scaling, seen=driver.seen
+            layer, key, value, positions, weights=weights, queries=call.query[0], scaling=call.scaling, seen=seen
         )
         driver.observe(view)
     return output, None

@@ -30,7 +30,7 @@ from torch import Tensor
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, get_layer_types_and_kwargs
 
-from methods.driver import Refill
+from methods.base import Refill
 
 
 def check_layers(config: PretrainedConfig, name: str) -> None:
@@ -81,6 +81,9 @@ class SlotLayer(DynamicLayer):
         self.capacity, self.limit, self.length = capacity, max(limit, capacity), 0
         self.planned = capacity
         self.arrived = 0
+        # In the steady state (``ModelSlots``) the layer never outgrows its slots: arrivals go uncounted,
+        # so a step reads no host counter that changes from step to step.
+        self.counting = True
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
         self.device = key_states.device
@@ -107,7 +110,8 @@ class SlotLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         needed = self.length + key_states.shape[-2]
-        self.arrived += key_states.shape[-2]
+        if self.counting:
+            self.arrived += key_states.shape[-2]
         if needed > self.capacity:
             self._allocate(self.keys, self.values, needed + max(self.limit - self.arrived, 0))
         self._keys[..., self.length : needed, :] = key_states
@@ -138,6 +142,46 @@ class SlotLayer(DynamicLayer):
 
     def held_bytes(self) -> int:
         return _bytes(self._keys, self._values)
+
+
+class ModelSlots:
+    """Every layer's slots in one buffer, for the steady state: keys and values ``(layers, batch, kv_heads,
+    B + 1, head_dim)``, each layer's ``SlotLayer`` a view of its part.
+
+    A steady step evicts one entry per layer and KV head; refilling every layer is then one ``scatter_``
+    of keys and one of values instead of two per layer. Made when each layer holds exactly its
+    budget in ``B + 1`` slots (the engine's steady state); a layer reallocated later would leave it.
+    """
+
+    def __init__(self, cache: DynamicCache) -> None:
+        self.layers: list[SlotLayer] = list(cache.layers)
+        self.keys = torch.stack([layer._keys for layer in self.layers])
+        self.values = torch.stack([layer._values for layer in self.layers])
+        for index, layer in enumerate(self.layers):
+            layer._keys, layer._values, layer.counting = self.keys[index], self.values[index], False
+            layer._views()
+
+    @staticmethod
+    def fits(cache: DynamicCache, budget: int) -> bool:
+        """Whether every layer of ``cache`` holds ``budget`` entries in ``budget + 1`` slots."""
+        return all(
+            isinstance(layer, SlotLayer) and layer.length == budget and layer.capacity == budget + 1
+            for layer in cache.layers
+        )
+
+    def refill(self, slots: Tensor) -> None:
+        """Slot ``slots[l, h]`` of every layer and KV head takes the last slot's entry; every layer shrinks by one.
+
+        ``slots`` is ``(layers', rows, 1)``: one layer or all of them, one row or one per KV head.
+        """
+        layers, batch, heads, size, dim = self.keys.shape
+        index = slots.to(self.keys.device)[:, None, :, :, None].expand(layers, batch, heads, 1, dim)
+        last = size - 1
+        self.keys.scatter_(3, index, self.keys[:, :, :, last:, :].clone())
+        self.values.scatter_(3, index, self.values[:, :, :, last:, :].clone())
+        for layer in self.layers:
+            layer.length = last
+            layer._views()
 
 
 class BatchLayer(DynamicLayer):

@@ -35,9 +35,13 @@ class Sampling:
             raise ValueError(f"sampling.top_p={self.top_p!r} is outside (0, 1] — use 1.0 (no limit) or e.g. 0.95")
 
     def choose(self, logits: Tensor, generator: torch.Generator | None) -> int:
-        """Pick the next token from one row of logits."""
+        """Pick the next token from one row of logits (its id on the host)."""
+        return int(self.next_token(logits, generator))
+
+    def next_token(self, logits: Tensor, generator: torch.Generator | None) -> Tensor:
+        """Pick the next token from one row of logits, on their device: a 0-dim id nothing waits for."""
         if self.temperature == 0.0:
-            return int(logits.argmax())
+            return logits.argmax()
         scores = logits.float() / self.temperature
         if self.top_k:
             threshold = scores.topk(min(self.top_k, scores.numel())).values[-1]
@@ -49,4 +53,4 @@ class Sampling:
             drop = (mass - ordered.softmax(-1)) >= self.top_p
             scores = scores.scatter(0, order, ordered.masked_fill(drop, -torch.inf))
         # ``generator`` lives on the logits' device: no copy to the host before the draw.
-        return int(torch.multinomial(scores.softmax(-1), 1, generator=generator))
+        return torch.multinomial(scores.softmax(-1), 1, generator=generator)[0]

@@ -37,15 +37,17 @@ def run_on_model(
     batch_size: int,
     diagnostics: bool,
     todo: list[Example],
+    profile: bool = False,
 ) -> Iterator[list[tuple[Example, Outcome]]]:
     """The outcome of every example of ``todo``, as each finishes (in batches of one).
 
     With ``batch_size`` > 1 the examples' sequences decode together (``Engine.generate_batch``), so
     outcomes come as examples finish, not in order. With ``diagnostics`` every outcome carries its
     per-step retention trace (decode then computes attention weights at every step, so its timings
-    are not comparable with a plain run's: such runs have their own run id).
+    are not comparable with a plain run's: such runs have their own run id). ``profile`` times the
+    method and the gathers apart at every step (``Engine.profile``).
     """
-    engine = Engine(model, method, sampling, tokenizer=tokenizer)
+    engine = Engine(model, method, sampling, tokenizer=tokenizer, profile=profile)
     # Attached before the first sequence: the recorder wraps the method's scorer.
     recorder = RetentionRecorder.attach(engine) if diagnostics else None
     context = Context(task, tokenizer, stop_token_ids(model, tokenizer), seed, Engine(model, FullCache(), sampling))

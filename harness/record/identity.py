@@ -7,7 +7,7 @@ the ``Identity`` every record carries in full. Everything that changes an output
   a matrix product over several rows sums in another order than over one, so a batched
   sequence's logits, scores and in principle its tokens differ in their last bits from batch
   1's (a near-tie in a keep set can flip). Batch 1 adds nothing, so its ids are unchanged;
-- every method parameter, a checkpoint file's content, the diagnostics switch;
+- every method parameter, a checkpoint file's content, the diagnostics and profile switches;
 - the task's protocol (local data files by their content, ``tasks.digest``), and sampling
   when it is not greedy; rho and the seed have their own parts.
 
@@ -59,7 +59,7 @@ class Identity:
         model: the model's outputs-relevant fields on its device (``ModelSpec.identity``), plus
             ``batch_size`` above 1; empty for tasks that need no model.
         model_variant: what of those differs from the preset on a CPU at batch 1 (hashed into the run id).
-        method: every method parameter, checkpoint digests, the diagnostics switch.
+        method: every method parameter, checkpoint digests, the diagnostics and profile switches.
         task: the task's protocol, plus sampling when not greedy.
     """
 
@@ -82,6 +82,8 @@ def identify(cfg: DictConfig, task: Task, spec: ModelSpec | None) -> tuple[RunId
     method.pop("name", None)
     if cfg.diagnostics:
         method["diagnostics"] = True
+    if cfg.get("profile"):
+        method["profile"] = True
     sampling = OmegaConf.to_container(cfg.sampling, resolve=True)
     task_identity = dict(task.identity())
     if sampling["temperature"] > 0:

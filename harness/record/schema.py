@@ -124,8 +124,12 @@ class Figures:
     )
     new_tokens: int = figure(0, "sum", "generated tokens (end-of-turn included)")
     decode_tokens_per_s: float | None = figure(None, "derived", "decode steps (`new_tokens` - 1) per second")
-    score_s: float = figure(0.0, "sum", "time inside the method (observing, choosing) during decoding")
-    evict_s: float = figure(0.0, "sum", "time gathering kept entries during decoding")
+    score_s: float | None = figure(
+        0.0, "sum", "time inside the method (observing, choosing) during decoding; null unless `profile=true`"
+    )
+    evict_s: float | None = figure(
+        0.0, "sum", "time gathering kept entries during decoding; null unless `profile=true`"
+    )
     prefill_score_s: float = figure(
         0.0,
         "sum",
@@ -168,7 +172,9 @@ def combine_calls(calls: list[Figures]) -> Figures:
     combined = {name: getattr(largest, name) for name in NUMERIC_FIELDS}
     for field in dataclasses.fields(Figures):
         if field.metadata["over_calls"] == "sum":
-            combined[field.name] = sum(getattr(figures, field.name) for figures in calls)
+            values = [getattr(figures, field.name) for figures in calls]
+            # A time no call measured (an unprofiled share) stays unmeasured.
+            combined[field.name] = None if None in values else sum(values)
     steps = sum(max(figures.new_tokens - 1, 0) for figures in calls)
     combined["decode_tokens_per_s"] = steps / combined["decode_s"] if combined["decode_s"] > 0 else None
     return Figures(**combined)

@@ -45,7 +45,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "kv_ratio_final": fmean(r["kv_bytes_final"] / r["kv_bytes_full"] for r in records),
         "prefill_len_mean": fmean(r["prefill_len"] for r in records),
         "decode_tokens_per_s": decode_tokens / decode_s if decode_s > 0 else None,
-        "score_share": sum(r["score_s"] for r in records) / decode_s if decode_s > 0 else None,
+        "score_share": (
+            sum(r["score_s"] for r in records) / decode_s
+            if decode_s > 0 and all(r.get("score_s") is not None for r in records)
+            else None
+        ),
         "prefill_s": sum(r["prefill_s"] for r in records),
         "decode_s": decode_s,
         # Timings of sequences decoded together are the batch's (records before batching had none: 1).
