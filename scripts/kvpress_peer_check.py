@@ -18,6 +18,15 @@ compares one algorithm, not two parameter choices. So is kvpress's budget: it ke
 ``floor((1 - rho) * L0)`` whenever that product is a whole number (L0 = 890 at rho = 0.9: 88, not
 89); on those prompts our side runs with ``method.selection.budget_tokens`` set to kvpress's count,
 and the table says on how many prompts that was.
+
+KVzip is compared under two of its readings (``methods/kvzip.py``), each against the form of
+``KVzipPress`` it reads: ``kvzip`` with ``method.context=after_template`` and kvpress's count
+against the press handed the whole prompt (it reconstructs everything after the chat template's
+opening), and ``kvzip_mask`` (kvpress's pipeline reading, the preset's) against the press run as
+kvpress's pipeline runs it: the prompt up to the template's closing is prefilled under the
+press, the closing and the answer prefix join afterwards. Both count kvpress's entries
+themselves (``method.pool=kvpress``), so no budget is set for them; their keep sets are read in
+the evict mode (the mask mode makes the same choice and leaves every entry in the cache).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import argparse
 import hashlib
 import json
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +48,31 @@ from harness.models import load_model, load_tokenizer
 from tasks.ruler.task import RulerTask
 
 SCRIPT = Path(__file__).resolve().with_name("kvpress_prefill.py")
-# method preset -> (kvpress press, overrides that give our preset the press's defaults)
-PEERS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "adakv_ea": ("AdaKVPress(ExpectedAttentionPress)", ()),
-    "keydiff": ("KeyDiffPress", ()),
-    "tova": ("TOVAPress", ()),
-    "snapkv": ("SnapKVPress", ("method.pooling=avg", "method.kernel_size=5", "method.selection.window=64")),
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One of our presets beside one kvpress press (a name in ``kvpress_prefill.PRESSES``).
+
+    ``overrides`` give our preset the press's defaults (or the reading compared); ``counts_kvpress``:
+    our side counts kvpress's entries itself, so its budget is not set per prompt.
+    """
+
+    preset: str
+    press: str
+    overrides: tuple[str, ...] = ()
+    counts_kvpress: bool = False
+
+
+PEERS: dict[str, Peer] = {
+    "adakv_ea": Peer("adakv_ea", "AdaKVPress(ExpectedAttentionPress)"),
+    "keydiff": Peer("keydiff", "KeyDiffPress"),
+    "tova": Peer("tova", "TOVAPress"),
+    "snapkv": Peer(
+        "snapkv", "SnapKVPress", ("method.pooling=avg", "method.kernel_size=5", "method.selection.window=64")
+    ),
+    "kvzip": Peer("kvzip", "KVzipPress", ("+method.context=after_template", "+method.pool=kvpress"), True),
+    "kvzip_mask": Peer("kvzip_mask", "KVzipPress(pipeline)", ("method.mode=evict",), True),
 }
 
 
@@ -75,15 +104,14 @@ def kvpress_budget(prefill_len: int, rho: float) -> int:
     return max(1, int(prefill_len * (1 - rho)))
 
 
-def ours(model: Any, tokenizer: Any, method: str, rho: float, ids: list[int], new_tokens: int) -> dict[str, Any]:
+def ours(model: Any, tokenizer: Any, peer: Peer, rho: float, ids: list[int], new_tokens: int) -> dict[str, Any]:
     """Our keep sets after the prefill and greedy tokens for one prompt, at kvpress's budget."""
-    cfg = compose_config(f"method={method}", f"rho={rho}", *PEERS[method][1])
+    overrides = (f"method={peer.preset}", f"rho={rho}", *peer.overrides)
+    cfg = compose_config(*overrides)
     budget = kvpress_budget(len(ids), rho)
-    matched = budget != instantiate(cfg.method.selection).budget_for(len(ids))
+    matched = not peer.counts_kvpress and budget != instantiate(cfg.method.selection).budget_for(len(ids))
     if matched:
-        cfg = compose_config(
-            f"method={method}", f"rho={rho}", *PEERS[method][1], f"method.selection.budget_tokens={budget}"
-        )
+        cfg = compose_config(*overrides, f"method.selection.budget_tokens={budget}")
     engine = Engine(model, instantiate(cfg.method), tokenizer=tokenizer)
     captured: dict[str, Any] = {}
 
@@ -96,15 +124,15 @@ def ours(model: Any, tokenizer: Any, method: str, rho: float, ids: list[int], ne
     return {"kept": captured["kept"], "tokens": generation.tokens, "matched": matched}
 
 
-def table_row(model: Any, tokenizer: Any, task: RulerTask, method: str, rho: float, rows: list, new_tokens: int) -> str:
-    """One method and ratio over ``rows`` of (example, kvpress's row): the Markdown line."""
+def table_row(model: Any, tokenizer: Any, task: RulerTask, peer: Peer, rho: float, rows: list, new_tokens: int) -> str:
+    """One peer and ratio over ``rows`` of (example, kvpress's row): the Markdown line."""
     equal = total = same = matched = 0
     jaccards: list[float] = []
     scores = {"ours": 0.0, "kvpress": 0.0}
     refused: list[str] = []
     for example, ref in rows:
         try:
-            mine = ours(model, tokenizer, method, rho, example.input_ids, new_tokens)
+            mine = ours(model, tokenizer, peer, rho, example.input_ids, new_tokens)
         except ValueError as error:
             # Our preset refuses a budget below its protected window (kvpress would cut into the window).
             refused.append(str(error))
@@ -119,8 +147,8 @@ def table_row(model: Any, tokenizer: Any, task: RulerTask, method: str, rho: flo
     compared = len(rows) - len(refused)
     scores = {side: value / max(compared, 1) for side, value in scores.items()}
     mean_j = f"{sum(jaccards) / len(jaccards):.3f}" if jaccards else "-"
-    label = " ".join((method, *PEERS[method][1]))
-    cells = [label, PEERS[method][0], rho, f"{compared}/{len(rows)}", f"{matched}/{compared}", f"{equal}/{total}",
+    label = " ".join((peer.preset, *peer.overrides))
+    cells = [label, peer.press, rho, f"{compared}/{len(rows)}", f"{matched}/{compared}", f"{equal}/{total}",
              mean_j, f"{same}/{compared}", f"{scores['ours']:.2f}", f"{scores['kvpress']:.2f}"]  # fmt: skip
     line = "| " + " | ".join(map(str, cells)) + " |"
     return line + (f"\n\n(not compared: {len(refused)} prompts, e.g. {refused[0]})\n" if refused else "")
@@ -151,7 +179,7 @@ def main() -> None:
         "model": str(folder),
         "threads": args.threads,
         "new_tokens": args.new_tokens,
-        "presses": [{"press": PEERS[m][0], "rho": rho} for m in args.methods for rho in args.rhos],
+        "presses": [{"press": PEERS[m].press, "rho": rho} for m in args.methods for rho in args.rhos],
         "examples": [{"id": key, "ids": example.input_ids} for key, example in examples.items()],
     }
     # kvpress's side takes most of the time; a rerun with the same request reads its rows back.
@@ -168,8 +196,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for method in args.methods:
         for rho in args.rhos:
-            rows = [(example, theirs[(PEERS[method][0], rho, key)]) for key, example in examples.items()]
-            print(table_row(model, tokenizer, task, method, rho, rows, args.new_tokens), flush=True)
+            rows = [(example, theirs[(PEERS[method].press, rho, key)]) for key, example in examples.items()]
+            print(table_row(model, tokenizer, task, PEERS[method], rho, rows, args.new_tokens), flush=True)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,25 @@ def test_scenarios_match_the_paper():
     assert shares[0] == 0.0 and shares[7:] == [1.0] * 5
     assert shares[1:8] == pytest.approx([k / 7 for k in range(1, 8)])
     assert SCENARIOS["complex"].shifts() == [2, 4, 6, 8, 10, 12, 14, 16, 18]
+    # The alternatives change one scenario of the paper's: Complex's first 16 turns, or Gradual's blend.
+    complex_labels = {
+        "complex_returns": (0, 1, 2, 3, 4, 3, 2, 1, 0, 4),
+        "complex_interleaved": (0, 1, 0, 2, 0, 3, 0, 4, 0, 1),
+    }
+    for reading, segments in complex_labels.items():
+        assert SCHEDULES[reading]["complex"].turn_labels() == [k for k in segments for _ in range(2)]
+    assert SCHEDULES["complex_long"]["complex"].turn_labels() == [0] * 4 + [
+        k for k in (1, 2, 3, 4) for _ in range(3)
+    ] + [0, 0, 1, 1]
+    gradual = {reading: [w[1] for w in SCHEDULES[reading]["gradual"].mixtures] for reading in SCHEDULES}
+    assert gradual["gradual_endpoints"] == pytest.approx([0, 0, *(k / 6 for k in range(1, 7)), 1, 1, 1, 1])
+    assert gradual["gradual_zero_based"] == pytest.approx([0, 0, *(k / 7 for k in range(1, 8)), 1, 1, 1])
+    assert gradual["gradual_arc"] == pytest.approx([math.sin(math.pi / 2 * share) for share in gradual["paper"]])
+    for reading, scenarios in SCHEDULES.items():
+        changed = {name for name, scenario in scenarios.items() if scenario != SCENARIOS[name]}
+        assert changed == {"paper": set(), "even": {"topic_shift", "mixed", "complex"}}.get(
+            reading, {reading.split("_")[0]}
+        ), reading
     even = SCHEDULES["even"]
     assert even["topic_shift"].turn_labels() == [0] * 5 + [1] * 5
     assert even["mixed"].turn_labels() == [0, 0, 0, 1, 1, 1, 2, 2, 0, 0, 1, 1]
@@ -195,6 +214,39 @@ def test_the_baseline_figures_follow_from_the_schedules():
     assert (even["retention"], even["diversity"]) != (91.4, 47.6)
 
 
+@pytest.mark.parametrize("schedule", [r for r in SCHEDULES if r.startswith(("complex_", "gradual_"))])
+def test_the_alternative_schedules_keep_every_baseline_figure(schedule: str):
+    """Complex's figures pin only its last four turns (A A, then another topic); Gradual's, only that its
+    late turns and the turn before them are pure B. Every alternative keeps them."""
+    fifo = baseline_figures("fifo", schedule=schedule)
+    assert (fifo["retention"], fifo["diversity"]) == (91.4, 47.6)
+    assert baseline_figures("sink_window", schedule=schedule)["diversity"] == 73.3
+    h2o = baseline_figures("h2o", schedule=schedule)
+    assert (h2o["diversity"], h2o["retention"], h2o["adaptation"]) == (70.0, 63.3, 16.0)
+
+
+def test_diversity_by_cosine_parts_from_the_labels_with_noise_as_the_variance():
+    def diversity(**options) -> dict[str, float]:
+        world = DialogTask(n_dialogs=4, scenarios=list(BENCHMARK), **options)
+        frame = world.evaluate(world_method("fifo")).groupby("scenario").mean(numeric_only=True)
+        return {name: round(100 * value, 1) for name, value in frame["diversity"].items()}
+
+    labels, cosine = diversity(), diversity(diversity="cosine")
+    # Small noise: a token is near its own topics only, so the readings agree but on Gradual, whose
+    # blended turns are near both; FIFO's late turns there are pure B, so even Gradual agrees.
+    assert cosine == labels
+    noisy = diversity(noise_var=0.05)
+    noisy_cosine = diversity(noise_var=0.05, diversity="cosine")
+    assert noisy == labels and all(noisy_cosine[s] >= noisy[s] for s in BENCHMARK) and noisy_cosine != noisy
+
+
+def test_the_diversity_reading_enters_the_run_id_only_when_changed():
+    paper, cosine = DialogTask(n_dialogs=1), DialogTask(n_dialogs=1, diversity="cosine")
+    assert "diversity" not in paper.identity() and cosine.identity()["diversity"] == "cosine"
+    assert cosine.reading == "task.diversity=cosine"
+    assert DialogTask(schedule="gradual_arc").reading == "task.schedule=gradual_arc"
+
+
 def test_run_batches_records_what_single_dialogs_record():
     world = DialogTask(n_dialogs=3, scenarios=["topic_return", "gradual"], batch_size=2)
     policy = world_method("fdkvc")
@@ -246,6 +298,7 @@ def test_adaptation_counts_turns_and_never():
         ({"noise_var": -0.1}, "task.noise_var=-0.1 must be a number >= 0 — use e.g. task.noise_var=0.0025"),
         ({"schedule": "uneven"}, "task.schedule='uneven' is not a choice — use one of paper, even"),
         ({"step": "chunk"}, "task.step='chunk' is not a choice — use one of turn, token"),
+        ({"diversity": "labelled"}, "task.diversity='labelled' is not a choice — use one of labels, cosine"),
         (
             {"step": "token", "measure": "before_eviction"},
             "task.measure=before_eviction needs whole-turn steps, but task.step=token evicts after every token — ",

@@ -34,7 +34,8 @@ def records(
 
 def cells(spec_key: str, frame: pd.DataFrame) -> dict[str, dict[str, str]]:
     spec = next(s for s in fdkvc.tables() if s.key == spec_key)
-    header, body = grid(spec, frame)
+    table = grid(spec, frame)
+    header, body = table.header, table.body
     return {row[0]: dict(zip(header[1:], row[1:], strict=True)) for row in body}
 
 
@@ -104,3 +105,28 @@ def test_ambiguity_table_measures_each_reading_and_says_what_holds():
 )
 def test_what_counts_as_held(kind: str, paper: float, value: float, held: bool):
     assert fdkvc.Figure("x", paper, lambda frame, reading: value, kind).held(value) is held
+
+
+def test_the_default_row_averages_the_dialogs_every_ablation_value_ran():
+    # fdkvc_tables' default run holds four Mixed dialogs; the w_c = 0 run of Table 5 only the first two.
+    default, w_c0 = "fdkvc", variant("fdkvc", fdkvc.w_c_pair(0.0))
+    frame = pd.DataFrame(
+        records(default, "mixed", alignment=[0.2, 0.4, 1.0, 1.0], retention=[0.5, 0.5, 1.0, 1.0])
+        + records(w_c0, "mixed", alignment=[0.6, 0.8], retention=[0.1, 0.3])
+    )
+    spec = next(s for s in fdkvc.tables() if s.key == "fdkvc_table5")
+    table = grid(spec, frame)
+    rows = {row[0]: dict(zip(table.header[1:], row[1:], strict=True)) for row in table.body}
+    assert rows["world · w_c=0.45"] == {"alignment (Mixed)": "0.3000", "retention % (Mixed)": "50.0"}
+    assert rows["world · w_c=0"] == {"alignment (Mixed)": "0.7000", "retention % (Mixed)": "20.0"}
+    assert "n = 2 examples per cell" in table.note
+
+
+def test_a_column_over_more_examples_says_its_n_in_its_header():
+    frame = pd.DataFrame(
+        records("h2o", "topic_shift", alignment=[0.5, 0.6]) + records("h2o", "mixed", alignment=[0.1, 0.2])
+        + records("fdkvc", "topic_shift", alignment=[0.7, 0.8]) + records("fdkvc", "mixed", alignment=[0.3, 0.4])
+    )  # fmt: skip
+    table = grid(next(s for s in fdkvc.tables() if s.key == "fdkvc_table1"), frame)
+    assert table.header[-1] == "composite (n=4)" and "Mixed" in table.header
+    assert "n = 2 examples per cell" in table.note

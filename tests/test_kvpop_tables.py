@@ -22,16 +22,20 @@ KVPOP = [("aime_2024", "1", 1), ("aime_2024", "2", 0), ("aime_2025", "1", 1), ("
          ("hmmt_nov_2025", "1", 0)]  # fmt: skip
 
 
-def write_run(root: Path, method: dict, rho: float, rows: list[tuple[str, str, int]], tag: str) -> None:
+def write_run(
+    root: Path, method: dict, rho: float, rows: list[tuple[str, str, int]], tag: str, seed: int = 0, limit: int = 192
+) -> None:
+    """One run per task of ``rows``; ``limit`` is the generation limit in the records' task identity."""
     for task in ("aime", "hmmt"):
-        run_id = f"tiny__{method['name']}-{tag}__{task}-cccc0001__rho{rho}__seed0"
+        run_id = f"tiny__{method['name']}-{tag}__{task}-cccc{limit:04d}__rho{rho}__seed{seed}"
         folder = root / run_id
         folder.mkdir(parents=True)
-        (folder / "config.yaml").write_text(yaml.safe_dump({"method": method, "rho": rho}))
+        (folder / "config.yaml").write_text(yaml.safe_dump({"method": method, "rho": rho, "seed": seed}))
         records = [
-            {"run_id": run_id, "model": "tiny", "method": method["name"], "task": task, "rho": rho, "seed": 0,
+            {"run_id": run_id, "model": "tiny", "method": method["name"], "task": task, "rho": rho, "seed": seed,
              "subtask": competition, "example_id": f"{competition}/{problem}/s0", "prediction": "x",
-             "metrics": {"correct": float(correct)}, "meta": {"problem_id": problem}}
+             "metrics": {"correct": float(correct)}, "meta": {"problem_id": problem},
+             "identity": {"task": {"max_new_tokens": limit}}}
             for competition, problem, correct in rows
             if competition.startswith(task)
         ]  # fmt: skip
@@ -53,14 +57,23 @@ def cells(tmp_path_factory) -> dict[str, dict[str, str]]:
     streaming = {"_target_": "methods.scored.ScoredEviction", "name": "streaming_llm",
                  "selection": {"rho": 0.875, "budget_tokens": 48, "sinks": 4}}  # fmt: skip
     write_run(root, streaming, 0.875, [(c, p, 0) for c, p, _ in FULL], "aaaa0004")
+    # Fig. 7's traced run of the same row: another variant, no cell of Table 1.
+    write_run(root, {**kvpop(96, 0.75), "recall_queries": 16, "pattern_tail": 112}, 0.75, FULL, "aaaa0005")
+    # Fig. 4's timed runs: the teacher under Fig. 4's seed at two generation limits (no clash, no cell).
+    for limit in (64, 128):
+        write_run(root, {"_target_": "methods.full.FullCache", "name": "full"}, 0.0, KVPOP, "aaaa0001", 1000, limit)
     frame = annotate(load_results(root), load_configs(root))
     spec = next(s for s in paper_tables() if s.key == "kvpop_table1")
-    header, body = grid(spec, frame)
+    table = grid(spec, frame)
+    header, body = table.header, table.body
     return {row[0]: dict(zip(header[1:], row[1:], strict=True)) for row in body}
 
 
 def test_table1_has_the_papers_columns_and_rows(cells) -> None:
-    assert list(cells["tiny · Teacher"]) == ["AIME 2024", "AIME 2025", "HMMT 2502", "HMMT 2511", "Abs", "Rel"]
+    # Most cells cover one problem (the note says n = 1); the columns over more say theirs.
+    assert list(cells["tiny · Teacher"]) == [
+        "AIME 2024 (n=2)", "AIME 2025", "HMMT 2502", "HMMT 2511", "Abs (n=5)", "Rel (n=5)"
+    ]  # fmt: skip
     labels = [label.removeprefix("tiny · ") for label in cells]
     assert labels[:8] == ["Teacher", "CR=75% · StreamLLM", "CR=75% · TOVA", "CR=75% · StreamLLM+", "CR=75% · DMS",
                           "CR=75% · KVpop mlp", "CR=75% · KVpop", "CR=75% · KVpop (no delay)"]  # fmt: skip
@@ -68,19 +81,21 @@ def test_table1_has_the_papers_columns_and_rows(cells) -> None:
 
 
 def test_cells_are_pass_at_1_per_competition_their_average_and_the_ratio(cells) -> None:
+    columns = ("AIME 2024 (n=2)", "AIME 2025", "HMMT 2502", "HMMT 2511", "Abs (n=5)")
     teacher = cells["tiny · Teacher"]
-    assert [teacher[c] for c in ("AIME 2024", "AIME 2025", "HMMT 2502", "HMMT 2511", "Abs")] == [
-        "1.00", "1.00", "0.00", "1.00", "0.75"
-    ]  # fmt: skip
-    assert teacher["Rel"] == "100%"
+    # Fig. 4's teacher runs (seed 1000, other limits: KVPOP's scores) change none of these.
+    assert [teacher[c] for c in columns] == ["1.00", "1.00", "0.00", "1.00", "0.75"]
+    # Rel is a ratio, as the paper writes it (0.98, not 98%).
+    assert teacher["Rel (n=5)"] == "1.00"
     row = cells["tiny · CR=75% · KVpop"]
-    assert [row[c] for c in ("AIME 2024", "AIME 2025", "HMMT 2502", "HMMT 2511")] == ["0.50", "1.00", "0.00", "0.00"]
-    assert row["Abs"] == f"{(0.5 + 1 + 0 + 0) / 4:.2f}" and row["Rel"] == "50%"  # 0.375 / 0.75
+    assert [row[c] for c in columns[:4]] == ["0.50", "1.00", "0.00", "0.00"]
+    # 0.375 / 0.75; the traced run of the same row (FULL's scores) is not averaged in.
+    assert row["Abs (n=5)"] == f"{(0.5 + 1 + 0 + 0) / 4:.2f}" and row["Rel (n=5)"] == "0.50"
     # the run at B = 200 fills nothing; the 88% row has no run at B = 48
-    assert cells["tiny · CR=88% · KVpop"]["Abs"] == NOT_RUN
+    assert cells["tiny · CR=88% · KVpop"]["Abs (n=5)"] == NOT_RUN
     streaming = cells["tiny · CR=88% · StreamLLM"]
-    assert streaming["Abs"] == "0.00" and streaming["Rel"] == "0%"
-    assert cells["tiny · CR=75% · StreamLLM"]["Abs"] == NOT_RUN
+    assert streaming["Abs (n=5)"] == "0.00" and streaming["Rel (n=5)"] == "0.00"
+    assert cells["tiny · CR=75% · StreamLLM"]["Abs (n=5)"] == NOT_RUN
 
 
 @pytest.mark.parametrize(("preset", "scale"), [("kvpop_table1", "cpu"), ("kvpop_table2", "cluster")])
@@ -105,26 +120,39 @@ def test_preset_points_pair_rho_with_the_budget_and_rows_with_their_weights(pres
             assert full.method.name == "full" and full.rho == 0.0
 
 
-def test_figures_draw_from_records_and_training_histories(tmp_path) -> None:
-    from harness.analysis.figures import kvpop as figures
+def timed_run(root: Path, method: dict, rho: float, seed: int, limit: int, **meta) -> str:
+    """A run of one AIME example per limit's worth of tokens, with decode timings; returns its id."""
+    folder = root / f"tiny__{method['name']}-aaaa{limit:04d}__aime-cccc{limit:04d}__rho{rho}__seed{seed}"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump({"method": method, "rho": rho, "seed": seed}))
+    record = {
+        "run_id": folder.name, "model": "tiny", "method": method["name"], "task": "aime", "rho": rho, "seed": seed,
+        "subtask": "aime_2024", "example_id": "aime_2024/1/s0", "prediction": "x", "metrics": {"correct": 1.0},
+        "new_tokens": limit, "decode_s": limit / 100, "decode_peak_bytes": 2**20 * limit,
+        "identity": {"task": {"max_new_tokens": limit}}, "meta": meta,
+    }  # fmt: skip
+    (folder / "records.jsonl").write_text(json.dumps(record) + "\n")
+    return folder.name
+
+
+def test_figures_read_their_presets_runs_and_training_histories(tmp_path) -> None:
+    from harness.analysis.figures import make_figures
 
     root, out = tmp_path / "results", tmp_path / "figures"
-    out.mkdir()
-    for name, tag in (("full", "aaaa0001"), ("kvpop", "aaaa0002")):
-        folder = root / f"tiny__{name}-{tag}__aime-cccc0001__rho0.75__seed0"
-        folder.mkdir(parents=True)
-        (folder / "config.yaml").write_text(yaml.safe_dump({"method": {"name": name}, "rho": 0.75}))
-        meta = {"recall_l0_h0": 0.5, "recall_l0_h1": 1.0, "recall_l1_h0": 0.25, "recall_l1_h1": 0.0, "recall": 0.44}
-        if name == "kvpop":
-            meta |= {"pattern_positions": [5, 6], "pattern_heads": [[2, 0], [1, 1]], "pattern_tokens": ["a", "$x"]}
-        records = [
-            {"run_id": folder.name, "model": "tiny", "method": name, "task": "aime", "rho": 0.75, "seed": 0,
-             "subtask": "aime_2024", "example_id": f"aime_2024/{i}/s0", "prediction": "x", "metrics": {"correct": 1.0},
-             "new_tokens": 16 * (i + 1), "decode_s": 0.1 * (i + 1), "decode_peak_bytes": 2**20 * (i + 1),
-             "meta": meta if name == "kvpop" else {}}
-            for i in range(2)
-        ]  # fmt: skip
-        (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    full = {"_target_": "methods.full.FullCache", "name": "full"}
+    # Fig. 4's runs: the teacher and KVpop at B = 96, timed under kvpop_fig4's seed at two limits.
+    for limit in (64, 128):
+        timed_run(root, full, 0.0, 1000, limit)
+        timed_run(root, kvpop(96, 0.75), 0.75, 1000, limit)
+    # Table 1's run of the teacher at seed 0 and its limit: not timed for Fig. 4, so not drawn in it.
+    timed_run(root, full, 0.0, 0, 192)
+    # Fig. 7's traced KVpop and DMS (recall per layer and head, the heads keeping each tail token).
+    recall = {"recall_l0_h0": 0.5, "recall_l0_h1": 1.0, "recall_l1_h0": 0.25, "recall_l1_h1": 0.0, "recall": 0.44}
+    pattern = {"pattern_positions": [5, 6], "pattern_heads": [[2, 0], [1, 1]], "pattern_tokens": ["a", "$x"]}
+    traced = {"recall_queries": 16, "pattern_tail": 112}
+    kvpop_run = timed_run(root, {**kvpop(96, 0.75), **traced}, 0.75, 0, 100, **recall, **pattern)
+    dms = {**kvpop(96, 0.75), "_target_": "methods.dms.DMS", "name": "dms", "scorer_kind": "mlp", "count_state": False}
+    dms_run = timed_run(root, {**dms, **traced}, 0.75, 0, 101, **recall, **pattern)
     # Another preset's full cache, decoded at batch 8: not Fig. 4's, so it neither joins nor mixes its timings.
     other = root / "tiny__full-aaaa0001__ruler-dddd0001__rho0__seed0"
     other.mkdir()
@@ -140,12 +168,31 @@ def test_figures_draw_from_records_and_training_histories(tmp_path) -> None:
         history = [{"step": 0, "token_accuracy": 0.1}, {"step": 10, "token_accuracy": 0.3}]
         config = {"name": name, "model": {"name": "tiny"}, "kvpop": {"budget": 96}}
         (trained / "training.json").write_text(json.dumps({"config": config, "history": history}))
-    frame = annotate(load_results(root), load_configs(root))
-    made = {path.name for figure in figures.FIGURES.values() for path in figure(frame, root, out)}
+    made = {path.name for path in make_figures(root, out) if path.name.startswith("kvpop")}
     assert made == {
         "kvpop_efficiency_tiny.png",
         "kvpop_delayed_tiny_B96.png",
-        "kvpop_pattern_tiny__kvpop-aaaa0002__aime-cccc0001__rho0.75__seed0.png",
-        "kvpop_recall_tiny_kvpop_rho0.75.png",
+        f"kvpop_pattern_{kvpop_run}.png",
+        f"kvpop_pattern_{dms_run}.png",
+        "kvpop_recall_tiny_kvpop[budget_tokens=96, pattern_tail=112, recall_queries=16]_rho0.75.png",
+        "kvpop_recall_tiny_dms[budget_tokens=96, pattern_tail=112, recall_queries=16]_rho0.75.png",
+        "kvpop_apph_dms_tiny_rho0.75.png",
     }
     assert all((out / name).stat().st_size > 0 for name in made)
+
+
+def test_figure_4_draws_the_runs_its_preset_timed(tmp_path, monkeypatch) -> None:
+    from harness.analysis.figures import kvpop as figures
+    from harness.analysis.figures import make_figures
+
+    root = tmp_path / "results"
+    full = {"_target_": "methods.full.FullCache", "name": "full"}
+    for limit in (64, 128):
+        timed_run(root, full, 0.0, 1000, limit)
+    timed_run(root, full, 0.0, 0, 100)  # Table 1's run: decoded during a benchmark sweep, not timed for Fig. 4
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(fig) or path)
+    make_figures(root, tmp_path / "figures")
+    [latency] = [fig for fig in drawn if fig.axes[0].get_title().startswith("(a) latency")]
+    [line] = latency.axes[0].get_lines()
+    assert list(line.get_xdata()) == [64, 128]

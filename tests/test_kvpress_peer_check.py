@@ -7,6 +7,7 @@ returns is the same shape as ``prompt_keeps``'s output.
 from __future__ import annotations
 
 import torch
+from hydra.utils import instantiate
 from kvpress_peer_check import PEERS, agreement, kvpress_budget, ours, prompt_keeps
 
 from harness.config import compose_config, model_spec
@@ -35,18 +36,41 @@ def test_kvpress_budget_truncates_where_the_papers_floor_is_exact() -> None:
 
 
 def test_every_peer_override_composes_on_its_preset() -> None:
-    for method, (_, overrides) in PEERS.items():
-        cfg = compose_config(f"method={method}", "rho=0.5", *overrides)
-        assert cfg.method.name == method
+    for peer in PEERS.values():
+        cfg = compose_config(f"method={peer.preset}", "rho=0.5", *peer.overrides)
+        assert cfg.method.name == peer.preset
+        method = instantiate(cfg.method)
+        if peer.preset.startswith("kvzip"):
+            # KVzip is compared under kvpress's readings, counted as kvpress counts, its keep sets in the cache.
+            assert (method.context, method.pool, method.mode) == (
+                "after_template" if peer.preset == "kvzip" else "user_content",
+                "kvpress",
+                "evict",
+            )
+            assert peer.counts_kvpress
 
 
 def test_ours_reports_the_keep_sets_after_the_prefill() -> None:
     spec = model_spec("tiny_llama")
     model, tokenizer = load_model(spec), load_tokenizer(spec)
     ids = list(range(3, 43))
-    result = ours(model, tokenizer, "keydiff", 0.5, ids, new_tokens=3)
+    result = ours(model, tokenizer, PEERS["keydiff"], 0.5, ids, new_tokens=3)
     heads = result["kept"][0]
     assert len(result["kept"]) == model.config.num_hidden_layers
     assert len(heads) == model.config.num_key_value_heads
     assert all(len(row) == 20 and row == sorted(row) and row[-1] < len(ids) for row in heads)
     assert 1 <= len(result["tokens"]) <= 3
+
+
+def test_kvzip_counts_kvpress_entries_itself() -> None:
+    spec = model_spec("tiny_llama")
+    model, tokenizer = load_model(spec), load_tokenizer(spec)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "a b c " * 30}], add_generation_prompt=True, tokenize=False
+    )
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    result = ours(model, tokenizer, PEERS["kvzip"], 0.9, ids, new_tokens=2)
+    assert not result["matched"]
+    heads = [row for layer in result["kept"] for row in layer]
+    numel = len(heads) * len(ids)
+    assert sum(map(len, heads)) == numel - int(numel * 0.9)

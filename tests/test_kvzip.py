@@ -1,4 +1,5 @@
-"""KVzip: reconstruction scores on hand-built keys and queries, the pooled budget, the mask mode, the passes'
+"""KVzip: reconstruction scores on hand-built keys and queries, the pooled budget (ours and kvpress's count), the
+mask mode, the readings of what is reconstructed (the chat template's parts found with the tokenizer), the passes'
 token ids, and the method on a tiny model (the passes read the prompt's cache as one long forward would)."""
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from harness.config import model_spec
 from harness.decode import kv_cache
 from harness.decode.engine import Engine, Request, sequence_info
 from harness.decode.evicting_attention import EVICTING, StepState
-from harness.decode.reconstruction import answer_opening, reconstruction_passes
+from harness.decode.reconstruction import reconstructed_span, reconstruction_passes, template_parts
 from harness.errors import UserError, user_errors
 from harness.models import load_tokenizer
 from methods.base import LayerView, Reconstruction, SequenceInfo
 from methods.driver import Driver
-from methods.kvzip import KVzip
+from methods.kvzip import ContextReconstruction, KVzip
 from methods.selection import Selection
 
 
@@ -93,12 +94,51 @@ def test_mask_mode_keeps_everything_and_hides_the_evicted_from_attention():
     assert method.logit_bias(1, with_new_token).tolist() == [[0, inf, inf, inf, inf, inf, 0]] * 2
 
 
+def reconstructed_method(rho: float, **options) -> KVzip:
+    """Two layers of two heads over 8 prompt positions, the passes covering positions 2-5 (an opening of
+    2 entries, 1 of them a sink, and a closing of 2), then hand-set scores."""
+    method = KVzip(Selection(rho=rho, sinks=1, granularity="head"), context="user_content", **options)
+    method.begin(SequenceInfo(8, 2, 2, 2, 4))
+    for layer in range(2):
+        keys = torch.zeros(2, 10, 8)
+        view = LayerView(layer, keys, keys, torch.arange(8).expand(2, -1), queries=torch.zeros(2, 2, 8))
+        method.observe_reconstruction(view, 2, 6)
+    falling = torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.1] * 4, [0.5, 0.4, 0.3, 0.2], [0.05] * 4])
+    method.scores = torch.zeros(2, 2, 8)
+    method.scores[..., 2:6] = falling.view(2, 2, 4)
+    return method
+
+
+def test_the_closing_is_kept_whole_and_the_opening_goes_first():
+    prompt = [torch.arange(8).expand(2, -1)] * 2
+    # B = 4 per head, 16 in all: the 4 sinks and 8 closing entries, then the 4 best (layer 0, head 0).
+    budget = reconstructed_method(0.5)
+    assert plan_lists(budget.keep(0, prompt)) == [[[0, 2, 3, 4, 5, 6, 7], [0, 6, 7]], [[0, 6, 7], [0, 6, 7]]]
+    # kvpress's count: of the 4 x 6 entries before the closing it prunes int(24 * 0.5) = 12, then the closing joins.
+    kvpress = reconstructed_method(0.5, pool="kvpress")
+    both = [[0, 2, 3, 4, 5, 6, 7], [0, 6, 7]]
+    assert plan_lists(kvpress.keep(0, prompt)) == [both, both]
+    # Position 1, the opening's unscored entry, is never kept; B = 2 cannot hold a sink and the closing.
+    refused(lambda: reconstructed_method(0.75).keep(0, prompt), "budget B=2 cannot hold the 1 sinks and the 2 entries")
+
+
+def test_kvpress_counts_its_pool_up_where_the_budget_counts_down():
+    method = reconstructed_method(0.7, pool="kvpress")
+    # 24 entries before the closing: int(24 * 0.7) = 16 pruned, 8 kept (B's floor would keep 7) + 8 closing.
+    assert method._kept(4, 6) == 24 - 16 + 8
+    assert reconstructed_method(0.5)._kept(4, 6) == 4 * 4
+
+
 def test_mistakes_are_refused_in_one_line():
     def configured(*overrides: str) -> KVzip:
         with user_errors():
             return named_method("kvzip", *overrides)
 
     refused(lambda: configured("method.mode=masked"), "method.mode='masked'", UserError)
+    refused(lambda: configured("+method.context=template"), "method.context='template'", UserError)
+    refused(lambda: configured("+method.pool=floor"), "method.pool='floor'", UserError)
+    fixed = ("+method.pool=kvpress", "method.selection.budget_tokens=64")
+    refused(lambda: configured(*fixed), "method.pool=kvpress", UserError)
     refused(lambda: configured("method.selection.granularity=layer"), "granularity='layer'", UserError)
     refused(lambda: configured("method.chunk=0"), "method.chunk=0", UserError)
 
@@ -123,9 +163,48 @@ def test_passes_repeat_each_chunk_after_the_instruction():
     ]
 
 
-def test_the_answer_turn_comes_from_the_chat_template():
+def test_the_template_parts_come_from_the_chat_template():
     tokenizer = load_tokenizer(model_spec("smollm2_135m"))
-    assert tokenizer.decode(answer_opening(tokenizer)) == "<|im_end|>\n<|im_start|>assistant\n"
+    opening, closing = template_parts(tokenizer)
+    assert tokenizer.decode(opening).startswith("<|im_start|>system\n")
+    assert tokenizer.decode(opening).endswith("<|im_end|>\n<|im_start|>user\n")
+    assert tokenizer.decode(closing) == "<|im_end|>\n<|im_start|>assistant\n"
+    assert template_parts(CharTokenizer()) == ([], [])
+
+
+def chat_prompt(tokenizer, turns: list[str], answer_prefix: str = " The answer is") -> list[int]:
+    """A prompt as the RULER task builds it: earlier turns, the user turn, the answer prefix after the template."""
+    messages = [{"role": role, "content": text} for role, text in zip(("user", "assistant") * 4, turns, strict=False)]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text + answer_prefix, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("turns", [["Some context.\nWhat is it?"], ["First.", "Reply.", "Some context.\nWhat is it?"]])
+def test_the_readings_reconstruct_the_prompt_after_the_opening_or_the_user_content(turns: list[str]):
+    tokenizer = load_tokenizer(model_spec("smollm2_135m"))
+    opening, closing = template_parts(tokenizer)
+    ids = chat_prompt(tokenizer, turns)
+    assert reconstructed_span(ids, opening, closing, "whole_prompt") == (0, len(ids))
+    assert reconstructed_span(ids, opening, closing, "after_template") == (len(opening), len(ids))
+    start, end = reconstructed_span(ids, opening, closing, "user_content")
+    assert start == len(opening) and tokenizer.decode(ids[start:end]).endswith("Some context.\nWhat is it?")
+    assert tokenizer.decode(ids[end:]) == "<|im_end|>\n<|im_start|>assistant\n The answer is"
+    # A prompt without the template's parts (chat_template=false) is reconstructed whole.
+    raw = tokenizer.encode("Some context.\nWhat is it? The answer is", add_special_tokens=False)
+    assert reconstructed_span(raw, opening, closing, "user_content") == (0, len(raw))
+
+
+def test_passes_of_the_user_content_chunk_it_from_its_start():
+    tokenizer = load_tokenizer(model_spec("smollm2_135m"))
+    opening, closing = template_parts(tokenizer)
+    ids = chat_prompt(tokenizer, ["one two three four five six seven eight nine ten eleven twelve"])
+    start, end = reconstructed_span(ids, opening, closing, "user_content")
+    spec = ContextReconstruction(chunk=5, first="F", later="L", overlap=3, context="user_content")
+    passes = reconstruction_passes(tokenizer, ids, spec)
+    assert [(a, b) for a, b, _ in passes] == [(a, min(a + 5, end)) for a in range(start, end, 5)]
+    first, later = tokenizer.encode("F"), tokenizer.encode("L")
+    assert passes[0][2] == first + closing + ids[start : start + 5]
+    assert passes[1][2] == later + ids[start + 2 : start + 5] + closing + ids[start + 5 : start + 10]
 
 
 # ------------------------------------------------------------------------------------------ on a model
@@ -207,3 +286,27 @@ def test_evict_and_mask_modes_decode_alike_and_count_memory_apart(tiny_models, t
     spec = Reconstruction(40, KVzip.first, KVzip.later, KVzip.overlap)
     longest = max(len(pass_ids) for *_, pass_ids in reconstruction_passes(tokenizer, ids, spec))
     assert evicted.prefill_peak_bytes == layers * heads * (PROMPT_LEN + longest) * entry
+
+
+def test_user_content_keeps_the_template_closing_and_scores_the_content_only(tiny_models, tokenizer):
+    model = tiny_models["tiny_llama"]
+    words = " ".join(f"w{i}" for i in range(60))
+    ids = chat_prompt(tokenizer, [words])
+    opening, closing = template_parts(tokenizer)
+    start, end = reconstructed_span(ids, opening, closing, "user_content")
+    method = named_method("kvzip_mask", "rho=0.75", "method.chunk=40", "method.mode=evict")
+    spans = set()
+    observe = method.observe_reconstruction
+    method.observe_reconstruction = lambda view, a, b: (spans.add((a, b)), observe(view, a, b))
+    engine = Engine(model, method, tokenizer=tokenizer)
+    kept = []
+    engine.on_step = lambda step, state, cache: kept.append(state.driver.positions) if step == 0 else None
+    engine.generate(Request(ids, 2))
+    assert sorted(spans) == [(a, min(a + 40, end)) for a in range(start, end, 40)]
+    rows = [row for layer in kept[0] for row in (layer if isinstance(layer, tuple) else layer.unbind(0))]
+    tail = set(range(end, len(ids)))
+    assert all(tail | set(range(4)) <= set(row.tolist()) for row in rows)
+    # The opening's entries beyond the sinks are unscored, so they go first.
+    assert not any(set(range(4, start)) & set(row.tolist()) for row in rows)
+    numel = len(rows) * end
+    assert sum(len(row) for row in rows) == numel - int(numel * 0.75) + len(rows) * len(tail)

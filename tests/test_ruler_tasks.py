@@ -14,6 +14,7 @@ from conftest import assert_one_line
 
 from harness.config import compose_config, model_spec
 from harness.models import load_tokenizer
+from tasks.corpora import package
 from tasks.digest import file_sha256
 from tasks.ruler import common_words, freq_words, qa, variable_tracking
 from tasks.ruler.task import PAPER, RulerTask
@@ -233,7 +234,9 @@ def test_determinism(tok: Any) -> None:
     assert [ex.answers for ex in other] != [ex.answers for ex in two if ex.subtask == "vt"]
 
 
-def test_paper_preset_and_hydra() -> None:
+def test_paper_preset_and_hydra(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without RULER's package installed, qa reads the hub and the identity names no package.
+    monkeypatch.setattr(package, "installed", lambda: None)
     cfg = compose_config("task=ruler", "task.tasks=paper", "task.lengths=[1024,2048]", "task.n=3")
     task = hydra.utils.instantiate(cfg.task)
     assert task.tasks == list(PAPER) and task.lengths == [1024, 2048] and task.n == 3
@@ -246,7 +249,8 @@ def test_paper_preset_and_hydra() -> None:
         RulerTask(data_files={"qa_3": "x"})
 
 
-def test_missing_qa_data_says_how_to_get_it(offline_hub: None, tmp_path: Path) -> None:
+def test_missing_qa_data_says_how_to_get_it(offline_hub: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(package, "installed", lambda: None)
     with pytest.raises(FileNotFoundError, match=r"rajpurkar/squad_v2.* — .*task\.data_files\.qa_1=path/to/file\.jsonl"):
         RulerTask(tasks=["qa_1"], lengths=[1024], n=1).examples(None)
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -282,7 +286,7 @@ def test_qa_data_outside_the_hub_schema_is_refused(tmp_path: Path) -> None:
     columns = tmp_path / "columns.jsonl"
     columns.write_text('{"title": "t", "question": "q?"}\n')
     with pytest.raises(ValueError, match=r"columns\.jsonl'.*lack the fields \['context', 'answers'\] — ") as raised:
-        qa.load("squad", str(columns), None, "task.data_files.qa_1")
+        qa.load("squad", str(columns), None, "qa_1")
     assert_one_line(str(raised.value))
     assert "task.data_files.qa_1=" in str(raised.value)
     nesting = tmp_path / "nesting.jsonl"
@@ -290,7 +294,7 @@ def test_qa_data_outside_the_hub_schema_is_refused(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match=r"nesting\.jsonl'.*does not follow the schema of rajpurkar/squad_v2"
     ) as raised:
-        qa.load("squad", str(nesting), None, "task.data_files.qa_1")
+        qa.load("squad", str(nesting), None, "qa_1")
     assert_one_line(str(raised.value))
 
 

@@ -1,11 +1,11 @@
 """Every run under ``results/`` as one pandas table, one row per recorded example.
 
 A row's identity is ``IDENTITY`` (model, method and its parameter hash, task, subtask, rho,
-seed, example id). Two records claiming one identity, in whichever run folders, are an error
-naming both files: averaging or silently keeping one of them would make a table depend on
-which stale folder happened to be read last. A corrupt line is an error naming the file and
-line (``harness.record.files.read_records``); a torn final line, the trace of an interrupted
-write, is dropped with a warning as everywhere else.
+seed, the generation limit, example id). Two records claiming one identity, in whichever run
+folders, are an error naming both files: averaging or silently keeping one of them would make a
+table depend on which stale folder happened to be read last. A corrupt line is an error naming the
+file and line (``harness.record.files.read_records``); a torn final line, the trace of an
+interrupted write, is dropped with a warning as everywhere else.
 """
 
 from __future__ import annotations
@@ -22,10 +22,15 @@ from harness.record.schema import NUMERIC_FIELDS, RunId
 
 log = logging.getLogger(__name__)
 
+#: The task setting a preset sweeps (KVpop Fig. 4: latency against the generation limit), read from
+#: the record's task identity: the same example id decoded under each limit is a condition of its own.
+GENERATION_LIMIT = "task.max_new_tokens"
+
 # What makes two records "the same example under the same configuration". The task hash of
 # the run id is deliberately not part of it: a task whose definition changed would otherwise
 # leave two result sets for one example id side by side, and every table would mix them. Such
-# a clash is reported instead, so the stale folder gets moved away.
+# a clash is reported instead, so the stale folder gets moved away. The generation limit is the
+# one task setting in it, since a sweep varies it on purpose.
 IDENTITY: tuple[str, ...] = (
     "model",
     "model_params",
@@ -35,6 +40,7 @@ IDENTITY: tuple[str, ...] = (
     "subtask",
     "rho",
     "seed",
+    GENERATION_LIMIT,
     "example_id",
 )
 
@@ -88,6 +94,8 @@ def _row(record: dict[str, Any], path: Path, number: int, fallback_run_id: str) 
         "subtask": record.get("subtask"),
         "rho": float(record.get("rho", parsed["rho"])),
         "seed": int(record.get("seed", parsed["seed"])),
+        # Tasks without a limit in their protocol (RULER: fixed per subtask) and older records: None.
+        GENERATION_LIMIT: ((record.get("identity") or {}).get("task") or {}).get("max_new_tokens"),
         "example_id": record["example_id"],
         "run_id": run_id,
         "task_params": parsed["task_params"],
@@ -126,7 +134,8 @@ def _check_unique(frame: pd.DataFrame) -> None:
 def load_results(root: Path | str = "results") -> pd.DataFrame:
     """One row per record of every ``<root>/<run id>/records.jsonl``.
 
-    Columns: ``IDENTITY``, ``run_id``, ``task_params`` (the run id's task hash),
+    Columns: ``IDENTITY`` (``task.max_new_tokens``: the generation limit of the task's protocol,
+    where it has one), ``run_id``, ``task_params`` (the run id's task hash),
     ``primary_metric`` (name of the record's first metric) and ``score`` (its value),
     ``metric.<name>`` for every metric, the numeric record fields ``NUMERIC_FIELDS``,
     ``prediction``, ``meta.<key>`` for scalar meta fields, and ``source`` (the records file).

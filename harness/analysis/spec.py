@@ -5,6 +5,12 @@ function applied to the records both select. Tables differ only in their spec: w
 which cell (a mean, a paired difference with its bootstrap CI, a p-value, a ratio to the full
 cache). Cells whose selection holds no record say "not run", so a table exists (and shows
 what is missing) from the first run on.
+
+What every table reads the same way (``grid``): the runs of its preset (its seed,
+``harness.analysis.presets``), and within them only the examples every configuration of the table
+recorded (``harness.analysis.shared``), so that no two cells average different samples. Each cell
+covers some number n of examples; the table's note gives the n most of its cells share, and a cell
+over another n says so after its value, ``(n=…)``.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ from typing import Any
 
 import pandas as pd
 
+from harness.analysis.presets import preset_seed
 from harness.analysis.results import one_batch_size
-from harness.analysis.stats import PAIR_KEY, compare, select, stratified_paired_bootstrap
+from harness.analysis.shared import count_examples, shared_examples
+from harness.analysis.stats import PAIR_KEY, select, stratified_paired_bootstrap
 from harness.analysis.variants import display, variant
 from harness.record.files import DuplicateRecordError
 
@@ -29,7 +37,8 @@ Where = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Scope:
-    """What a cell sees besides its records: the table's whole frame and the cell's selection."""
+    """What a cell sees besides its records: the table's frame (its preset's runs, the examples its
+    configurations share) and the cell's selection."""
 
     frame: pd.DataFrame
     where: dict[str, Any]
@@ -81,6 +90,11 @@ class TableSpec:
 def fixed(*lines: Line) -> Axis:
     """An axis of the given lines, whatever the records."""
     return lambda _frame: list(lines)
+
+
+def chain(*axes: Axis) -> Axis:
+    """Axes side by side: the lines of each, in order."""
+    return lambda frame: [line for axis in axes for line in axis(frame)]
 
 
 def product(*axes: Axis) -> Axis:
@@ -191,20 +205,22 @@ def one_per_example(records: pd.DataFrame) -> pd.DataFrame:
 
     Any other method selected twice for one example (two runs one label cannot tell apart, such
     as a learned scorer with two checkpoints for one model), and the full cache run under two model
-    variants (another dtype, another batch size), is an error naming the runs: keeping either would
-    make the cell depend on which folder sorted first.
+    variants (another dtype, another batch size) or two task protocols (another generation limit,
+    another truncation), is an error naming the runs: keeping either would make the cell depend on
+    which folder sorted first.
     """
     if records.empty:
         return records
     duplicated = records.duplicated(list(PAIR_KEY), keep=False)
     if duplicated.any():
         clash = records[duplicated]
-        variants = (
-            clash.groupby(list(PAIR_KEY), dropna=False)["model_params"].nunique(dropna=False)
-            if "model_params" in clash
-            else pd.Series(dtype=int)
-        )
-        if ("variant" in clash and (clash["variant"] != "full").any()) or (variants > 1).any():
+        groups = clash.groupby(list(PAIR_KEY), dropna=False)
+        differing = [
+            (groups[column].nunique(dropna=False) > 1).any()
+            for column in ("model_params", "task_params")
+            if column in clash
+        ]
+        if ("variant" in clash and (clash["variant"] != "full").any()) or any(differing):
             runs = sorted(clash["run_id"].unique())
             example = clash.iloc[0]["example_id"]
             raise DuplicateRecordError(
@@ -233,42 +249,8 @@ def mean(metric: str = "score", scale: float = 1.0, digits: int = 1) -> Cell:
     return cell
 
 
-def paired(baseline: Where, candidate: Where, part: str, metric: str = "score", digits: int = 1) -> Cell:
-    """Cell: candidate minus baseline on shared examples, ``part`` ``diff`` (mean and 95% CI) or ``p``.
-
-    Both sides are the cell's selection with ``baseline`` / ``candidate`` laid over it; the
-    statistics are ``harness.analysis.stats.compare`` over all shared examples of the cell.
-    """
-    memo: dict[tuple[int, str], pd.Series | None] = {}
-
-    def comparison(scope: Scope) -> pd.Series | None:
-        key = (id(scope.frame), repr(sorted(scope.where.items(), key=str)))
-        if key not in memo:
-            base = one_per_example(_select(scope.frame, {**scope.where, **baseline}))
-            cand = one_per_example(_select(scope.frame, {**scope.where, **candidate}))
-            both = pd.concat([base.assign(_side="a"), cand.assign(_side="b")])
-            result = None
-            if not base.empty and not cand.empty:
-                row = compare(both, {"_side": "a"}, {"_side": "b"}, metric=metric, by=[]).iloc[0]
-                result = row if row["n"] > 0 else None
-            memo[key] = result
-        return memo[key]
-
-    def cell(records: pd.DataFrame, scope: Scope) -> str:
-        row = comparison(scope)
-        if row is None:
-            return NOT_RUN
-        if part == "p":
-            p = row["p_value"]
-            return "n/a" if math.isnan(p) else ("<1e-4" if p < 1e-4 else f"{p:.3f}")
-        d = digits
-        return f"{row['mean_diff']:+.{d}f} [{row['ci_low']:+.{d}f}, {row['ci_high']:+.{d}f}] (n={int(row['n'])})"
-
-    return cell
-
-
-def relative_to_full(metric: str = "score", digits: int = 1) -> Cell:
-    """Cell: the mean as a percentage of the full cache's mean on the same examples."""
+def relative_to_full(metric: str = "score", digits: int = 2) -> Cell:
+    """Cell: the mean over the full cache's mean on the same examples, a ratio (KVpop's Rel: 0.98)."""
 
     def cell(records: pd.DataFrame, scope: Scope) -> str:
         records = one_per_example(records)
@@ -285,26 +267,92 @@ def relative_to_full(metric: str = "score", digits: int = 1) -> Cell:
             return "no full-cache run"
         if reference == 0:
             return "full = 0"
-        return f"{100 * benchmark_mean(shared, metric) / reference:.{digits}f}%"
+        return f"{benchmark_mean(shared, metric) / reference:.{digits}f}"
 
     return cell
 
 
-def grid(spec: TableSpec, frame: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """The table as a header and rows of strings (first column: the row labels)."""
-    frame = _select(frame, spec.where) if spec.where else frame
+@dataclass(frozen=True)
+class Grid:
+    """A table as strings: the header, the rows (first column: the row labels) and the note on its sample."""
+
+    header: list[str]
+    body: list[list[str]]
+    note: str
+
+
+def grid(spec: TableSpec, frame: pd.DataFrame) -> Grid:
+    """The table as strings, every cell over the examples its table's configurations share (its n noted)."""
+    frame = _select(frame, {**spec.where, "seed": preset_seed(spec.preset)})
     if spec.timings:
         one_batch_size(frame, f"table {spec.key}")
     rows, columns = spec.rows(frame), spec.columns(frame)
-    body = []
-    for row in rows:
-        cells = []
-        for column in columns:
-            where = _merge(row, column)
+    wheres = [[_merge(row, column) for column in columns] for row in rows]
+    frame = shared_examples(frame, [(where, _select(frame, where)) for line in wheres for where in line])
+    texts: list[list[str]] = []
+    counts: list[list[int]] = []
+    for row, line in zip(rows, wheres, strict=True):
+        texts.append([])
+        counts.append([])
+        for column, where in zip(columns, line, strict=True):
+            records = _select(frame, where)
             cell = column.cell or row.cell or spec.cell
-            cells.append(cell(_select(frame, where), Scope(frame, where)))
-        body.append([row.label or "—", *cells])
-    return ["", *(c.label for c in columns)], body
+            texts[-1].append(cell(records, Scope(frame, where)))
+            # A cell that names its sample itself (a correlation's "(n=…)") is left to say so.
+            said = texts[-1][-1] == NOT_RUN or "n=" in texts[-1][-1]
+            counts[-1].append(0 if said else count_examples(records))
+    sample = _sample_sizes(counts)
+    header = ["", *(_with_n(c.label, n) for c, n in zip(columns, sample.columns, strict=True))]
+    body = [
+        [
+            _with_n(row.label or "—", sample.rows[i]),
+            *(_with_n(t, n) for t, n in zip(texts[i], sample.cells[i], strict=True)),
+        ]
+        for i, row in enumerate(rows)
+    ]
+    note = (
+        f"Each cell is computed over the examples that every configuration of the table recorded for its model and"
+        f" benchmark: n = {sample.nominal} example{'s' * (sample.nominal > 1)} per cell, unless its column, its row"
+        " or the cell itself names another n."
+        if sample.nominal
+        else ""
+    )
+    return Grid(header, body, note)
+
+
+@dataclass(frozen=True)
+class _SampleSizes:
+    """Where a table says its n: the note (``nominal``), a column header, a row label, or a cell (0: nowhere)."""
+
+    nominal: int
+    columns: list[int]
+    rows: list[int]
+    cells: list[list[int]]
+
+
+def _sample_sizes(counts: list[list[int]]) -> _SampleSizes:
+    """The most common n goes into the note; a column whose filled cells all share another n says it in its
+    header, then a row whose remaining filled cells do in its label; any cell left over says its own."""
+    filled = pd.Series([n for line in counts for n in line if n])
+    if filled.empty:
+        return _SampleSizes(0, [0] * len(counts[0]) if counts else [], [0] * len(counts), counts)
+    nominal = int(filled.value_counts().sort_index(ascending=False).idxmax())
+
+    def other(values: list[int]) -> int:
+        found = {n for n in values if n}
+        return found.pop() if len(found) == 1 and nominal not in found else 0
+
+    columns = [other([line[j] for line in counts]) for j in range(len(counts[0]))]
+    rows = [other([n for n, told in zip(line, columns, strict=True) if not told]) for line in counts]
+    cells = [
+        [n if n not in (0, nominal) and not columns[j] and not rows[i] else 0 for j, n in enumerate(line)]
+        for i, line in enumerate(counts)
+    ]
+    return _SampleSizes(nominal, columns, rows, cells)
+
+
+def _with_n(text: str, n: int) -> str:
+    return f"{text} (n={n})" if n else text
 
 
 def rho_label(rho: float) -> str:
@@ -361,14 +409,17 @@ def _paired_records(scope: Scope, baseline: Where, candidate: Where, metric: str
     return merged.assign(subtask=merged["subtask"].fillna(""))
 
 
-def delta(baseline: Where, candidate: Where, show: str = "ci", metric: str = "score") -> Cell:
+def delta(
+    baseline: Where, candidate: Where, show: str = "ci", metric: str = "score", digits: int | None = None
+) -> Cell:
     """Cell: candidate minus baseline on shared examples, averaged over subtasks as ``score`` averages.
 
     The difference of a cell spanning several subtasks is the mean over subtasks of their mean
     differences (so it equals the difference of the two ``score`` cells on the shared examples),
     with a 95% interval from 10,000 resamples within each subtask (seed 0) and a stratified
     t-test p (``harness.analysis.stats.stratified_paired_bootstrap``). ``show``: ``ci`` (the
-    difference and its interval), ``mean`` (the difference alone) or ``p``.
+    difference and its interval), ``mean`` (the difference alone) or ``p``; ``digits``: decimals
+    (None: the paper's for the benchmark, ``paper_digits``).
     """
     memo: dict[tuple[int, str], Any] = {}
 
@@ -377,7 +428,10 @@ def delta(baseline: Where, candidate: Where, show: str = "ci", metric: str = "sc
         if key not in memo:
             pairs = _paired_records(scope, baseline, candidate, metric)
             memo[key] = (
-                (stratified_paired_bootstrap(pairs["a"], pairs["b"], pairs["subtask"]), paper_digits(pairs))
+                (
+                    stratified_paired_bootstrap(pairs["a"], pairs["b"], pairs["subtask"]),
+                    paper_digits(pairs) if digits is None else digits,
+                )
                 if len(pairs)
                 else None
             )
@@ -387,11 +441,11 @@ def delta(baseline: Where, candidate: Where, show: str = "ci", metric: str = "sc
         result = comparison(scope)
         if result is None:
             return NOT_RUN
-        stats, digits = result
+        stats, places = result
         if show == "p":
             return "n/a" if math.isnan(stats.p_value) else ("<1e-4" if stats.p_value < 1e-4 else f"{stats.p_value:.3f}")
         if show == "mean":
-            return f"{stats.mean_diff:+.{digits}f}"
-        return f"{stats.mean_diff:+.{digits}f} [{stats.ci_low:+.{digits}f}, {stats.ci_high:+.{digits}f}]"
+            return f"{stats.mean_diff:+.{places}f}"
+        return f"{stats.mean_diff:+.{places}f} [{stats.ci_low:+.{places}f}, {stats.ci_high:+.{places}f}]"
 
     return cell

@@ -57,8 +57,13 @@ LABELS: dict[str, str] = {
 # and selection.rho (KVpop's: rho) is the run's rho (an interpolation), already an identity column.
 # A learned scorer's model and checkpoint follow the run's model (their defaults interpolate
 # model.name): the model is an identity column and the checkpoint's digest is in the run id, so
-# the learned bilinear scorer is one variant per model.
-_NOT_PARAMS = frozenset({"name", "selection.rho", "rho", "scorer.model", "scorer.checkpoint"})
+# the learned bilinear scorer is one variant per model. The same holds for KVpop's trained rows
+# (checkpoint, model, weights: the row's folder for the run's model and budget), so a row is its
+# name and budget, kvpop[budget_tokens=96], and a traced run of it is another variant
+# (kvpop[budget_tokens=96, pattern_tail=112, recall_queries=16]).
+_NOT_PARAMS = frozenset(
+    {"name", "selection.rho", "rho", "scorer.model", "scorer.checkpoint", "checkpoint", "model", "weights"}
+)
 
 Where = Mapping[str, Any]
 
@@ -96,8 +101,8 @@ def flatten_method(method: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @cache
-def _defaults(name: str) -> dict[str, Any] | None:
-    """The flattened named config ``conf/method/<name>.yaml``; None for a name without one."""
+def named_defaults(name: str) -> dict[str, Any] | None:
+    """The flattened named config ``conf/method/<name>.yaml`` (do not modify: cached); None for a name without one."""
     if not (CONF_DIR / "method" / f"{name}.yaml").is_file():
         return None
     method = compose_config(f"method={name}", "rho=0").method
@@ -117,7 +122,7 @@ def variant(name: str, params: Mapping[str, Any] | None = None) -> str:
     Only parameters that differ from the named config enter the label, so
     ``variant("inertia", {"aggregator.alpha": 0.8}) == "inertia"``.
     """
-    defaults = _defaults(name) or {}
+    defaults = named_defaults(name) or {}
     chosen = {**defaults, **(params or {})}
     differing = sorted(k for k in chosen if _fmt_value(chosen[k]) != _fmt_value(defaults.get(k, _MISSING)))
     if not differing:
@@ -156,7 +161,7 @@ def annotate(frame: pd.DataFrame, configs: Mapping[str, Mapping[str, Any]]) -> p
         if (configs.get(run_id) or {}).get("diagnostics"):
             flat["diagnostics"] = True
         params[run_id] = flat
-        labels[run_id] = variant(method, flat) if _defaults(method) is not None else f"{method}#{method_hash}"
+        labels[run_id] = variant(method, flat) if named_defaults(method) is not None else f"{method}#{method_hash}"
     frame["variant"] = frame["run_id"].map(labels)
     for key in sorted({k for p in params.values() for k in p}):
         frame[f"p.{key}"] = frame["run_id"].map(lambda r, key=key: params[r].get(key))

@@ -1,7 +1,10 @@
 """Long public-domain prose bundled with the package, and the loaders that replace it.
 
 The synthetic tasks need a prose haystack and the perplexity task a long text; both default
-to the bundled text (see ``README.md`` here) so that nothing downloads at run time.
+to the bundled text (see ``README.md`` here) so that nothing downloads at run time. RULER's
+own haystack, Paul Graham's essays, is opt-in (``task.haystack=paul_graham_essays``): it has
+no licence to be bundled, so it is read at run time from NVIDIA's RULER package
+(``package.py``) and only the package, version and digest enter a run's identity.
 """
 
 from __future__ import annotations
@@ -12,11 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.corpora import package
 from tasks.digest import content_digest
 from tasks.hub import load_split, utf8_text
 
 BUNDLED = Path(__file__).with_name("asv_genesis_numbers.txt")
 BUNDLED_NAME = "asv_genesis_numbers"
+# The named haystack ``task.haystack`` may choose, and its file in the RULER package.
+ESSAYS = "paul_graham_essays"
+ESSAYS_FILE = "PaulGrahamEssays.json"
 
 
 def read_text(path: str | None, option: str) -> str:
@@ -102,6 +109,39 @@ def checked_hub(file: str | None, hub: Mapping[str, Any] | None, file_option: st
         if value is not None and not isinstance(value, str):
             raise ValueError(f"{hub_option}.{name}={value!r} is not a string — quote it: {hub_option}.{name}='{value}'")
     return fields
+
+
+def checked_named(named: Any, others: Mapping[str, Any], option: str) -> None:
+    """Refuse a named haystack other than RULER's essays, or one set together with another source.
+
+    ``others`` maps the options of the other text sources (file, hub) to their values.
+    """
+    if named is None:
+        return
+    if named != ESSAYS:
+        raise ValueError(
+            f"{option}={named!r} is not a known haystack — use {option}={ESSAYS} (RULER's essays, read from "
+            f"{package.RULER.pinned}) or leave it null for the bundled text"
+        )
+    for other, value in others.items():
+        if value is not None:
+            raise ValueError(f"{option}={named} and {other} are both set — set {option} or {other}, not both")
+
+
+def essays_file(option: str) -> Path:
+    """RULER's ``PaulGrahamEssays.json`` in the installed package (``option`` is the setting asking for it)."""
+    return package.RULER.data_file(ESSAYS_FILE, f"{option}={ESSAYS}")
+
+
+def essays_text(option: str) -> str:
+    """The text of RULER's essay haystack, as its ``niah.py`` reads it: the file's ``text`` field."""
+    path = essays_file(option)
+    fix = f"reinstall it: {package.RULER.reinstall}"
+    data = package.read_json(path, fix)
+    text = data.get("text") if isinstance(data, dict) else None
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f'{path} does not hold the essays as {{"text": "..."}} — {fix}')
+    return text
 
 
 def hub_identity(hub: Mapping[str, Any], option: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import torch
 
 from tasks.base import Example, Task, TaskProtocol, as_list, require_int, require_number
 from tasks.dialogs.policy import CachePolicy
-from tasks.dialogs.simulate import MEASURES, STEPS, Trace, adaptation, simulate
+from tasks.dialogs.simulate import DIVERSITIES, MEASURES, STEPS, Trace, adaptation, simulate
 from tasks.dialogs.world import BENCHMARK, SCHEDULES, Dialogs, Scenario, WorldConfig, make_dialogs, projections
 
 #: Options that only select or group examples: they stay out of the run id.
@@ -31,7 +31,16 @@ _SELECTING = ("scenarios", "n_dialogs", "batch_size")
 #: The world's readings where the paper is ambiguous, at the paper's values. Records name the
 #: ones a run changes (``DialogTask.reading``, in ``meta.world`` and in the subtask), so the
 #: runs of several worlds share a results folder: a record's identity has no task hash.
-PAPER_WORLD: dict[str, Any] = {"schedule": "paper", "noise_var": 0.0025, "step": "turn", "measure": "after_eviction"}
+PAPER_WORLD: dict[str, Any] = {
+    "schedule": "paper",
+    "noise_var": 0.0025,
+    "step": "turn",
+    "measure": "after_eviction",
+    "diversity": "labels",
+}
+#: Readings added after runs were recorded, at the value those runs measured under: they enter the
+#: run id only when changed, so the earlier runs keep their folders.
+_LATER_READINGS: dict[str, Any] = {"diversity": "labels"}
 
 
 def subtask_name(scenario: str, reading: str) -> str:
@@ -64,11 +73,17 @@ class DialogTask(Task):
         tied_qk: ``W_K = W_Q`` (off: the paper's independent projections).
         weight_std: std of the projection entries (None: ``1/sqrt(dim)``, N(0, 1/64)); larger
             values sharpen the head's attention (logits scale with its square).
-        schedule: topic schedules, ``paper`` or ``even`` (``tasks.dialogs.world.SCHEDULES``).
+        schedule: topic schedules, ``paper``, one of its alternatives for Complex or Gradual that keep the
+            baseline figures (``complex_returns``, ``complex_interleaved``, ``complex_long``,
+            ``gradual_endpoints``, ``gradual_zero_based``, ``gradual_arc``), or ``even``
+            (``tasks.dialogs.world.SCHEDULES``).
         step: ``turn`` (a turn joins the cache at once and the method updates once per turn, as
             Algorithm 1) or ``token`` (one decode step per token).
         measure: ``after_eviction`` (metrics on the cache a turn leaves) or ``before_eviction``
             (on the cache its tokens have just joined; needs ``step=turn``).
+        diversity: when a topic counts as present in the cache: ``labels`` (a cached token's turn is
+            on it) or ``cosine`` (a cached token's cosine to it is above ``retention_threshold``,
+            the retention's test; ``tasks.dialogs.simulate``).
         retention_threshold: cosine above which a cached token counts as on-topic (0.3).
         adaptation_threshold: retention that counts as adapted after a shift (0.8).
         late_turns: turns averaged by the "late" metrics (3).
@@ -92,13 +107,15 @@ class DialogTask(Task):
     schedule: str = "paper"
     step: str = "turn"
     measure: str = "after_eviction"
+    diversity: str = "labels"
     retention_threshold: float = 0.3
     adaptation_threshold: float = 0.8
     late_turns: int = 3
     batch_size: int = 600
 
     def __post_init__(self) -> None:
-        for option, choices in (("schedule", tuple(SCHEDULES)), ("step", STEPS), ("measure", MEASURES)):
+        choosing = (("schedule", tuple(SCHEDULES)), ("step", STEPS), ("measure", MEASURES), ("diversity", DIVERSITIES))
+        for option, choices in choosing:
             if getattr(self, option) not in choices:
                 raise ValueError(
                     f"task.{option}={getattr(self, option)!r} is not a choice — use one of {', '.join(choices)}"
@@ -158,6 +175,9 @@ class DialogTask(Task):
         fields = dataclasses.asdict(self)
         for selecting in _SELECTING:
             fields.pop(selecting)
+        for name, earlier in _LATER_READINGS.items():
+            if fields[name] == earlier:
+                fields.pop(name)
         return fields
 
     def examples(self, tokenizer: Any = None) -> list[Example]:
@@ -191,7 +211,15 @@ class DialogTask(Task):
     def simulate(self, policy: CachePolicy, dialogs: Dialogs) -> Trace:
         """``policy`` through ``dialogs`` under this world's budget, step and measurement."""
         return simulate(
-            policy, dialogs, self.heads, self.budget, self.retention_threshold, self.seed, self.step, self.measure
+            policy,
+            dialogs,
+            self.heads,
+            self.budget,
+            self.retention_threshold,
+            self.seed,
+            self.step,
+            self.measure,
+            self.diversity,
         )
 
     def _metrics(self, dialogs: Dialogs, trace: Trace, latency_s: float) -> dict[str, torch.Tensor]:

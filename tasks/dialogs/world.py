@@ -41,7 +41,7 @@ class Scenario:
         return len(self.mixtures[0])
 
     def turn_labels(self) -> list[int]:
-        """Dominant topic of every turn (ties impossible in the schedules here)."""
+        """Dominant topic of every turn (a tie, the midpoint of ``gradual_endpoints``, goes to the earlier topic)."""
         return [max(range(self.n_topics), key=lambda k: weights[k]) for weights in self.mixtures]
 
     def shifts(self) -> list[int]:
@@ -58,20 +58,52 @@ def _segments(n_topics: int, spans: list[tuple[int, int]]) -> tuple[tuple[float,
     return tuple(out)
 
 
-def _gradual(n_turns: int = 12, first: int = 2, last: int = 8) -> tuple[tuple[float, ...], ...]:
-    # Turns are 1-based in the paper's wording "A~>B over turns 2-8": turn 1 is pure A, the
-    # weight of B grows linearly over turns 2..8 and reaches 1 at turn 8; turns 9-12 are pure B.
-    out = []
-    for turn in range(1, n_turns + 1):
-        share = min(max((turn - first + 1) / (last - first + 1), 0.0), 1.0)
-        out.append((1.0 - share, share))
-    return tuple(out)
+def _blend(first: int, last: int, n_turns: int = 12) -> list[float]:
+    """B's share of every turn (1-based) of a blend that grows linearly over turns ``first..last``: 0 before
+    ``first``, 1 from ``last`` on."""
+    return [min(max((turn - first) / (last - first), 0.0), 1.0) for turn in range(1, n_turns + 1)]
+
+
+def _linear(shares: list[float]) -> tuple[tuple[float, ...], ...]:
+    """Mixtures ``(1 - s, s)`` of A and B: a turn's direction is their normalised sum, the chord between them."""
+    return tuple((1.0 - share, share) for share in shares)
+
+
+def _arc(shares: list[float]) -> tuple[tuple[float, ...], ...]:
+    """Mixtures ``(cos, sin)`` of the share's quarter turn: the direction moves along the arc from A to B at a
+    constant angle per turn (already unit, since the topics are orthonormal)."""
+    return tuple((math.cos(share * math.pi / 2), math.sin(share * math.pi / 2)) for share in shares)
 
 
 A, B, C, D, E = range(5)
 
 #: The five benchmark scenarios, in the paper's order (Table 1's columns and composite).
 BENCHMARK: tuple[str, ...] = ("topic_shift", "topic_return", "mixed", "complex", "gradual")
+
+_PAPER = (
+    Scenario("topic_shift", _segments(2, [(A, 3), (B, 7)])),
+    Scenario("topic_return", _segments(2, [(A, 3), (B, 4), (A, 3)])),
+    Scenario("mixed", _segments(3, [(A, 3), (B, 2), (C, 2), (A, 2), (B, 3)])),
+    Scenario("complex", _segments(5, [(k, 2) for k in (A, B, C, D, E, A, C, B, A, D)])),
+    # "A~>B over turns 2-8", 1-based: turn 1 is pure A, B's share grows by 1/7 a turn and is whole at turn 8.
+    Scenario("gradual", _linear(_blend(1, 8))),
+    Scenario("adaptation", _segments(2, [(A, 3), (B, 16)])),
+)
+#: The paper's schedules with one scenario read another way that keeps its baseline figures.
+_ALTERNATIVES = {
+    # Through the five topics, then back through them to A, then a shift.
+    "complex_returns": Scenario("complex", _segments(5, [(k, 2) for k in (A, B, C, D, E, D, C, B, A, E)])),
+    # Back to A between the others ("interleaving" around a home topic).
+    "complex_interleaved": Scenario("complex", _segments(5, [(k, 2) for k in (A, B, A, C, A, D, A, E, A, B)])),
+    # Longer first visits (20 turns over five topics: four on average), then a return to A and a shift.
+    "complex_long": Scenario("complex", _segments(5, [(A, 4), (B, 3), (C, 3), (D, 3), (E, 3), (A, 2), (B, 2)])),
+    # The blend's ends at turns 2 and 8: turn 2 still pure A, turn 8 pure B.
+    "gradual_endpoints": Scenario("gradual", _linear(_blend(2, 8))),
+    # Turns 2-8 counted from 0: the blend runs over turns 3-9 (1-based), pure B from turn 9.
+    "gradual_zero_based": Scenario("gradual", _linear(_blend(2, 9))),
+    # The paper's shares as angles: the direction turns at a constant rate instead of along the chord.
+    "gradual_arc": Scenario("gradual", _arc(_blend(1, 8))),
+}
 
 #: Schedules, by reading. ``paper`` (the default) follows Sec. 4.1 where it gives segment
 #: lengths (Topic Shift: 3 turns of A, then B; Topic Return: A3 B4 A3; Gradual). Where it
@@ -82,30 +114,28 @@ BENCHMARK: tuple[str, ...] = ("topic_shift", "topic_return", "mixed", "complex",
 #: of A and then two of another topic (``tests/test_dialogs.py`` derives them). Mixed's other
 #: nine turns are split as evenly as possible, longer segments first; Complex runs through
 #: the five topics in two-turn segments, then returns to A, C, B, A, D.
+#: Complex's first 16 turns, and Gradual's blend ("over turns 2-8"), admit other readings that
+#: keep every baseline figure (``_ALTERNATIVES``, one scenario changed each):
+#: ``task.schedule=complex_returns|complex_interleaved|complex_long|gradual_endpoints|
+#: gradual_zero_based|gradual_arc``.
 #: ``even`` is the earlier reading (Topic Shift 5A+5B, Mixed A3 B3 C2 A2 B2, Complex four turns
 #: of each topic in turn): ``task.schedule=even``.
-#: Both add ``adaptation``, the Table 2 dialog: A for three turns, then B for the 16 turns
+#: All add ``adaptation``, the Table 2 dialog: A for three turns, then B for the 16 turns
 #: within which the paper says H2O never adapts (a dialog that never reaches 80% counts 16).
 SCHEDULES: dict[str, dict[str, Scenario]] = {
-    reading: {s.name: s for s in scenarios}
-    for reading, scenarios in {
-        "paper": (
-            Scenario("topic_shift", _segments(2, [(A, 3), (B, 7)])),
-            Scenario("topic_return", _segments(2, [(A, 3), (B, 4), (A, 3)])),
-            Scenario("mixed", _segments(3, [(A, 3), (B, 2), (C, 2), (A, 2), (B, 3)])),
-            Scenario("complex", _segments(5, [(k, 2) for k in (A, B, C, D, E, A, C, B, A, D)])),
-            Scenario("gradual", _gradual()),
-            Scenario("adaptation", _segments(2, [(A, 3), (B, 16)])),
-        ),
-        "even": (
+    "paper": {s.name: s for s in _PAPER},
+    "even": {
+        s.name: s
+        for s in (
             Scenario("topic_shift", _segments(2, [(A, 5), (B, 5)])),
             Scenario("topic_return", _segments(2, [(A, 3), (B, 4), (A, 3)])),
             Scenario("mixed", _segments(3, [(A, 3), (B, 3), (C, 2), (A, 2), (B, 2)])),
             Scenario("complex", _segments(5, [(k, 4) for k in range(5)])),
-            Scenario("gradual", _gradual()),
+            Scenario("gradual", _linear(_blend(1, 8))),
             Scenario("adaptation", _segments(2, [(A, 3), (B, 16)])),
-        ),
-    }.items()
+        )
+    },
+    **{reading: {s.name: s for s in _PAPER} | {changed.name: changed} for reading, changed in _ALTERNATIVES.items()},
 }
 
 #: The default reading's scenarios.

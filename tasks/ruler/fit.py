@@ -2,9 +2,16 @@
 
 RULER sizes each prompt with a haystack of ``num`` units (noise lines, essay words, distinct
 words, documents, ...): it estimates tokens per unit from one small probe, bisects up to
-three times the size that estimate predicts, and shrinks an example that still overflows.
-Here the subtask only says how to synthesise a prompt of ``num`` units; the search and the
-shrinking live once, below.
+three times the size that estimate predicts (fwe: grows it linearly instead), then builds
+every example at that size and drops a fixed step of units from one that overflows. Here the
+subtask only says how to synthesise a prompt of ``num`` units; the search and the fitting live
+once, below, in two forms (``RulerTask.sizing``):
+
+- ``tight`` (the default): an overflowing example drops an estimate of its overflow, and the
+  examples of every subtask but niah are then refitted one by one to the largest size that fits,
+  so prompts end within a few tokens of the length;
+- ``ruler``: RULER's own (NVIDIA/RULER 533f013): one size per (subtask, length), a fixed step
+  dropped on overflow, fwe's linear search. Prompts end up to a step short of the length.
 """
 
 from __future__ import annotations
@@ -86,6 +93,20 @@ def search_size(cost: Callable[[int], int], budget: int, step: int, minimum: int
     return HaystackSize(best, max(per_unit, 1e-6))
 
 
+def linear_size(cost: Callable[[int], int], budget: int, start: int, step: int) -> HaystackSize | None:
+    """RULER's fwe search: from ``start`` units, ``step`` more while the prompt stays under ``budget``, then one back.
+
+    The result sits up to one ``step`` below the largest fitting size (``search_size`` finds that
+    one); None if it is not positive.
+    """
+    num, tokens = start, cost(start)
+    while tokens < budget:
+        num += step
+        tokens = cost(num)
+    num -= step
+    return HaystackSize(num, tokens / (num + step)) if num > 0 else None
+
+
 def fit_size(
     build: Callable[[int, random.Random], Sample],
     encode: Encoder,
@@ -94,11 +115,13 @@ def fit_size(
     seed_key: str,
     minimum: int = 1,
     refine: bool = True,
+    drop: int | None = None,
 ) -> tuple[Sample, list[int]] | None:
     """Synthesise one example at the searched size, shrinking it while it overflows ``budget``.
 
     Each attempt reseeds from ``seed_key``, so resizing keeps the example's needles and
-    answers. The shrink step is an estimate of the overflow in units. With ``refine`` the
+    answers. The shrink step is an estimate of the overflow in units, or ``drop`` units (RULER's
+    own step, which it drops from an overflowing example). With ``refine`` (and no ``drop``) the
     example is then fitted exactly: grown while it fits, and bisected between the largest
     fitting and smallest overflowing size, because examples whose tokens per unit vary (fwe's
     random words) would otherwise land several percent short. None if even ``minimum``
@@ -118,8 +141,8 @@ def fit_size(
         if num <= minimum:
             return None
         too_many = num
-        num = max(minimum, num - math.ceil(overflow / size.tokens_per_unit))
-    if not refine:
+        num = max(minimum, num - (drop or math.ceil(overflow / size.tokens_per_unit)))
+    if not refine or drop is not None:
         return fitted
     if too_many is None:
         gap = max(1, int(-overflow / size.tokens_per_unit))

@@ -1,18 +1,27 @@
 """RULER's frequent words extraction (fwe) synthesis.
 
-Follows NVIDIA RULER (``scripts/data/synthetic/freq_words_extraction.py``,
-``scripts/synthetic.yaml`` ``fwe: alpha 2.0``, ``scripts/data/synthetic/constants.py``): a
+Follows NVIDIA RULER at commit 533f013 (2025-07-10; the generator is unchanged at the
+repository's head): ``scripts/data/synthetic/freq_words_extraction.py``,
+``scripts/synthetic.yaml`` ``fwe: alpha 2.0``, ``scripts/data/synthetic/constants.py``. A
 vocabulary of ``(length - 50) // 50`` random six-letter "coded" words, shuffled, whose rank-k
 word appears ``int(num_words * k**-alpha / zeta(alpha))`` times; the top-ranked word is
 replaced by ``...`` (noise the question tells the model to ignore), so the answers are the
 words of ranks 2-4. The vocabulary and the word list are shuffled with RULER's fixed seed
-(see ``tasks/ruler/task.py``). The haystack unit is ``num_words``, the nominal list size.
+(see ``tasks/ruler/task.py``). The haystack unit is ``num_words``, the nominal list size; the
+prompt leaves room for the 50 generated tokens.
 
-Where we differ, and why:
-- RULER grows ``num_words`` linearly in steps of 1/32 of the length until the prompt
-  overflows; we use the shared bisection (``tasks/ruler/fit.py``), which fits more tightly.
+Where we differ from that revision, and why:
+- RULER grows ``num_words`` linearly, from one word per six tokens in steps of 1/32 of the
+  length, until the prompt reaches it, then steps back once; the default ``task.sizing=tight``
+  uses the shared bisection (``tasks/ruler/fit.py``), which fits more tightly (RULER's search:
+  ``task.sizing=ruler``).
 - Lengths so short that ranks 2-5 would not get distinct counts are refused: the answer
   would be ambiguous.
+
+Where NVIDIA's package (``nvidia-long-context-eval`` 26.3: RULER's code at c5341b4, 2024-12-04,
+before the fix of June 2025, 9f1c84d) differs from that revision, and so from us:
+- Its vocabulary has ``length // 50`` words and its prompt is fitted to the whole length, with
+  no room left for the 50 generated tokens: prompt plus generation exceed the length.
 """
 
 from __future__ import annotations
@@ -47,8 +56,12 @@ class FweConfig:
         return (length - TOKENS_TO_GENERATE) // 50
 
     def step(self, length: int) -> int:
-        """Probe size for the search's first estimate (RULER's increment)."""
+        """RULER's increment: 1/32 of the prompt budget, in words."""
         return max((length - TOKENS_TO_GENERATE) // 32, 1)
+
+    def start(self, length: int) -> int:
+        """Where RULER's linear search starts: one word per six tokens of prompt budget."""
+        return max((length - TOKENS_TO_GENERATE) // WORD_LENGTH, 1)
 
     def counts(self, num_words: int, vocab_size: int) -> list[int]:
         """Occurrences of the rank-1..V words (Zipf with exponent ``alpha``, truncated)."""

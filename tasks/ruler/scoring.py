@@ -1,7 +1,9 @@
 """RULER's metrics (``scripts/eval/synthetic/constants.py``, ``scripts/eval/evaluate.py``).
 
-RULER averages over a subtask and rounds the mean to two decimals; here each function
-scores one prediction on the same 0-100 scale and leaves averaging to the harness.
+The same at NVIDIA/RULER 533f013 and in NVIDIA's package (RULER c5341b4): ``scripts/ruler_peer_check.py``
+runs the package's ``evaluate.py`` on the predictions it scores here and finds every per-sample
+score equal. RULER averages over a subtask and rounds the mean to two decimals; here each
+function scores one prediction on the same 0-100 scale and leaves averaging to the harness.
 """
 
 from __future__ import annotations

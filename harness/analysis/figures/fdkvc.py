@@ -19,6 +19,7 @@ import pandas as pd  # noqa: E402
 
 from harness.analysis.figures.common import Figure, save  # noqa: E402
 from harness.analysis.papers.fdkvc import GAMMAS, METHODS, NAMES, W_C, WORLD, w_c_pair  # noqa: E402
+from harness.analysis.shared import among  # noqa: E402
 from harness.analysis.spec import one_per_example, restrict  # noqa: E402
 from harness.analysis.variants import display, variant  # noqa: E402
 from harness.record.files import read_records  # noqa: E402
@@ -110,8 +111,11 @@ def ablations(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     drawn = False
     for ax, grid, params, label in ((axes[0], W_C, w_c_pair, "w_c"), (axes[1], GAMMAS, lambda v: {"gamma": v}, "γ")):
         points = []
+        # The dialogs every grid value ran: the default's run also holds fdkvc_tables' 600.
+        curve = {value: {"variant": variant("fdkvc", params(value))} for value in grid}
+        shared = among(mixed, list(curve.values()))
         for value in grid:
-            records = one_per_example(restrict(mixed, {"variant": variant("fdkvc", params(value))}))
+            records = one_per_example(restrict(shared, curve[value]))
             if not records.empty:
                 points.append((value, records["metric.alignment"].mean(), records["metric.retention"].mean()))
         if not points:
@@ -131,8 +135,8 @@ def ablations(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
 
 
 FIGURES: dict[str, Figure] = {
-    "FD-KVC Fig. 1: per-turn alignment and retention": dialog_turns,
-    "FD-KVC Fig. 2: ownership loss and adaptive rate": ownership,
-    "FD-KVC Fig. 3: topic retention around the switch": topic_shift_retention,
-    "FD-KVC Fig. 4: ablation curves": ablations,
+    "FD-KVC Fig. 1: per-turn alignment and retention": Figure(dialog_turns, "fdkvc_tables"),
+    "FD-KVC Fig. 2: ownership loss and adaptive rate": Figure(ownership, "fdkvc_tables"),
+    "FD-KVC Fig. 3: topic retention around the switch": Figure(topic_shift_retention, "fdkvc_tables"),
+    "FD-KVC Fig. 4: ablation curves": Figure(ablations, "fdkvc_table5"),
 }

@@ -1,9 +1,12 @@
 """InertiaKV's figures (arXiv 2609.03515), each from the records of the preset that fills it.
 
 Figure 1: retention panels (per-step vs EMA, three scorers); 2: scorer deviations and lazy-
-refresh quality; 3: decode-time composition; 5: quality vs KV budget; 6: quality vs retained
-tokens and vs decode throughput; 7: the auxiliary variant's gap; 8: the needle heatmap; 9: alpha
-sensitivity; 10: Lazy-r decode speed-up; 11: decode throughput across context lengths.
+refresh quality; 3: decode-time composition; 4: the two-token illustration of EMA against boundary
+flips; 5: quality vs KV budget; 6: quality vs retained tokens and vs decode throughput; 7: the
+auxiliary variant's gap; 8: the needle heatmap; 9: alpha sensitivity; 10: Lazy-r decode speed-up;
+11: decode throughput across context lengths. A figure's curves are drawn over the examples all of
+its configurations recorded (``harness.analysis.shared``), as a table's cells are; the timing figures
+(3, 10, 11) read only the efficiency preset's runs, timed for them (``harness.analysis.presets``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker as ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import torch  # noqa: E402
 
 from harness.analysis.diagnostics import traced_lines  # noqa: E402
 from harness.analysis.figures.common import Figure, save  # noqa: E402
@@ -33,11 +37,13 @@ from harness.analysis.papers.inertiakv import (  # noqa: E402
     alpha,
     benchmark_where,
     diag,
-    preset_lengths,
 )
+from harness.analysis.presets import preset_lengths  # noqa: E402
 from harness.analysis.results import one_batch_size  # noqa: E402
+from harness.analysis.shared import among  # noqa: E402
 from harness.analysis.spec import benchmark_mean, one_per_example, restrict  # noqa: E402
 from harness.analysis.variants import display  # noqa: E402
+from methods.aggregators.ema import EMA  # noqa: E402
 from methods.overlap import jaccard  # noqa: E402
 
 BUDGET_METHODS = ("tova", "snapkv", "adakv_ea", "keydiff", "inertia")
@@ -165,6 +171,7 @@ def scorer_deviations(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     others = {label: name for label, name in SCORERS.items() if name != base}
     made = []
     for model, part in frame[frame["variant"].isin(set(SCORERS.values())) & (frame["rho"] == 0.9)].groupby("model"):
+        part = among(part, [{"variant": name} for name in SCORERS.values()])
         panels = [(label, where) for label, where in _panels(part) if not label.startswith("RULER ")]
         panels += [("RULER", benchmark_where("ruler"))] if not restrict(part, benchmark_where("ruler")).empty else []
         rows = {
@@ -196,6 +203,7 @@ def lazy_quality(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     intervals = {"Lazy-2": 2, "Lazy-4": 4, "Lazy-8": 8, "Lazy-16": 16}
     made = []
     for model, part in frame[frame["variant"].isin(set(REFRESH.values())) & (frame["rho"] == 0.9)].groupby("model"):
+        part = among(part, [{"variant": name} for name in REFRESH.values()])
         panels = _panels(part)
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
         drawn = False
@@ -225,9 +233,14 @@ def lazy_quality(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- Figures 3, 10, 11
-def _efficiency(frame: pd.DataFrame) -> pd.DataFrame:
-    lengths = preset_lengths("inertia_efficiency.yaml")
-    rows = restrict(frame, {"task": "ruler", "subtask": "niah_single_1", "meta.length": lengths})
+def _efficiency(frame: pd.DataFrame, profiled: bool = False) -> pd.DataFrame:
+    """The timed runs: ``frame`` holds the efficiency preset's (its seed), at whatever lengths it swept.
+
+    ``profiled``: the runs that timed the method apart (``profile=true``, which Figure 3 splits; their
+    steps ran eagerly with a clock around the method), else the plain runs (the throughput figures).
+    """
+    rows = restrict(frame, {"task": "ruler", "subtask": "niah_single_1"})
+    rows = rows[rows["score_s"].notna() == profiled] if "score_s" in rows.columns else rows.iloc[0:0]
     return one_batch_size(rows[(rows["variant"] == "full") | (rows["rho"] == 0.9)], "InertiaKV Figures 3, 10 and 11")
 
 
@@ -235,7 +248,7 @@ def decode_composition(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]
     """Figure 3: decode time split into score updates, eviction and the rest, at the shortest efficiency length."""
     shown = {"Full Refresh": "inertia", "Lazy-4": REFRESH["Lazy-4"], "Score-Free": "score_free"}
     made = []
-    for model, part in _efficiency(frame).groupby("model"):
+    for model, part in _efficiency(frame, profiled=True).groupby("model"):
         part = part[part["variant"].isin(set(shown.values()))]
         if part.empty:
             continue
@@ -311,6 +324,44 @@ def throughput_scaling(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]
     return made
 
 
+# --------------------------------------------------------------------------- Figure 4
+#: Figure 4's two tokens near the rank-B boundary, 16 decode steps: A is the more useful over the
+#: whole generation, yet its raw per-step score falls below B's on 5 of the 16 steps (the paper's count).
+BOUNDARY_PAIR = {
+    "A": (0.60, 0.47, 0.58, 0.60, 0.46, 0.57, 0.59, 0.48, 0.58, 0.61, 0.57, 0.45, 0.59, 0.58, 0.49, 0.60),
+    "B": (0.50, 0.53, 0.51, 0.52, 0.54, 0.50, 0.52, 0.55, 0.51, 0.50, 0.52, 0.53, 0.50, 0.51, 0.55, 0.52),
+}
+
+
+def boundary_flips(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
+    """Figure 4: two tokens near the boundary, raw per-step scores (a) against InertiaKV's EMA at 0.8 (b).
+
+    The paper's figure is an illustration, not a measurement (App. I's rank traces, Table 13, are the
+    measurement); it is drawn from ``BOUNDARY_PAIR`` through the aggregator the method runs
+    (``methods.aggregators.ema.EMA``, state 0 before the first step), and each panel counts the steps
+    on which B outranks A, i.e. where A would be the one evicted at a one-slot boundary.
+    """
+    raw = torch.tensor([BOUNDARY_PAIR["A"], BOUNDARY_PAIR["B"]], dtype=torch.float64)
+    ema, state, smoothed = EMA(alpha=0.8), torch.zeros(2, dtype=torch.float64), []
+    for step in raw.T:
+        state = ema.combine(state, step)
+        smoothed.append(state)
+    series = {"(a) raw per-step score": raw, "(b) EMA, α=0.8": torch.stack(smoothed, dim=1)}
+    fig, axes = _grid(2, 4.6, 3.2)
+    steps = np.arange(1, raw.shape[1] + 1)
+    for ax, (title, values) in zip(axes, series.items(), strict=True):
+        flips = values[0] < values[1]
+        for row, name, colour in ((0, "token A", "tab:blue"), (1, "token B", "tab:orange")):
+            ax.plot(steps, values[row].numpy(), marker="o", markersize=3, color=colour, label=name)
+        for step in steps[flips.numpy()]:
+            ax.axvspan(step - 0.5, step + 0.5, color="tab:red", alpha=0.15, linewidth=0)
+        ax.set(xlabel="decode step", ylabel="score")
+        ax.set_title(f"{title}: B above A on {int(flips.sum())} of {len(steps)} steps", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("Two tokens near the rank-B boundary (shaded: A would be evicted)", fontsize=10)
+    return [save(fig, out / "inertia_fig4_boundary_flips.png")]
+
+
 # --------------------------------------------------------------------------- Figures 5, 6, 7, 9
 def quality_vs_budget(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     """Figure 5: quality vs compression ratio per benchmark, one line per method, the full cache dashed."""
@@ -318,7 +369,10 @@ def quality_vs_budget(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     for model, part in frame[frame["variant"].isin({*BUDGET_METHODS, "full"})].groupby("model"):
         if part.loc[part["variant"] != "full", "rho"].nunique() < 2:
             continue
+        part = among(part, [{"variant": "full"}, *({"variant": n, "rho": r} for n in BUDGET_METHODS for r in RHOS)])
         panels = _panels(part)
+        if not panels:
+            continue
         fig, axes = _grid(len(panels))
         for ax, (label, where) in zip(axes, panels, strict=True):
             for name in BUDGET_METHODS:
@@ -344,6 +398,7 @@ def quality_vs_cost(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     made = []
     rows = one_batch_size(rows[rows["variant"].isin({*COST_METHODS, "full"})], "InertiaKV Figure 6's throughput panel")
     for model, part in rows.groupby("model"):
+        part = among(part, [{"variant": "full"}, *({"variant": n, "rho": r} for n in COST_METHODS for r in RHOS)])
         fig, (left, right) = _grid(2, 5.0, 3.8)
         drawn = False
         markers = itertools.cycle("os^DvP*X")
@@ -387,6 +442,7 @@ def auxiliary_gap(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     for model, part in frame[frame["variant"].isin({"inertia", "inertia_aux"})].groupby("model"):
         if part.loc[part["variant"] == "inertia_aux", "rho"].nunique() < 2:
             continue
+        part = among(part, [{"variant": n, "rho": r} for n in ("inertia", "inertia_aux") for r in RHOS])
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
         for label, where in _panels(part):
             gaps = [(r, _paired_delta(part, {**where, "rho": r}, "inertia_aux", "inertia")) for r in RHOS]
@@ -406,6 +462,7 @@ def alpha_sensitivity(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     labels = {a: alpha(a) for a in ALPHAS}
     made = []
     for model, part in frame[frame["variant"].isin(set(labels.values())) & (frame["rho"] == 0.9)].groupby("model"):
+        part = among(part, [{"variant": name} for name in labels.values()])
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
         drawn = False
         for label, where in _panels(part):
@@ -457,15 +514,16 @@ def needle_heatmap(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
 
 
 FIGURES: dict[str, Figure] = {
-    "InertiaKV Figure 1 (retention panels)": retention_panels,
-    "InertiaKV Figure 2a (scorer deviations)": scorer_deviations,
-    "InertiaKV Figure 2b (lazy refresh)": lazy_quality,
-    "InertiaKV Figure 3 (decode-time composition)": decode_composition,
-    "InertiaKV Figure 5 (quality vs budget)": quality_vs_budget,
-    "InertiaKV Figure 6 (quality vs cost)": quality_vs_cost,
-    "InertiaKV Figure 7 (auxiliary gap)": auxiliary_gap,
-    "InertiaKV Figure 8 (needle heatmap)": needle_heatmap,
-    "InertiaKV Figure 9 (alpha sensitivity)": alpha_sensitivity,
-    "InertiaKV Figure 10 (lazy speed-up)": lazy_speedup,
-    "InertiaKV Figure 11 (throughput scaling)": throughput_scaling,
+    "InertiaKV Figure 1 (retention panels)": Figure(retention_panels, "inertia_fig1"),
+    "InertiaKV Figure 2a (scorer deviations)": Figure(scorer_deviations, "inertia_scorers"),
+    "InertiaKV Figure 2b (lazy refresh)": Figure(lazy_quality, "inertia_table14"),
+    "InertiaKV Figure 3 (decode-time composition)": Figure(decode_composition, "inertia_efficiency"),
+    "InertiaKV Figure 4 (boundary flips)": Figure(boundary_flips, None),
+    "InertiaKV Figure 5 (quality vs budget)": Figure(quality_vs_budget, "inertia_table1"),
+    "InertiaKV Figure 6 (quality vs cost)": Figure(quality_vs_cost, "inertia_fig6"),
+    "InertiaKV Figure 7 (auxiliary gap)": Figure(auxiliary_gap, "inertia_table6"),
+    "InertiaKV Figure 8 (needle heatmap)": Figure(needle_heatmap, "inertia_needle"),
+    "InertiaKV Figure 9 (alpha sensitivity)": Figure(alpha_sensitivity, "inertia_table5"),
+    "InertiaKV Figure 10 (lazy speed-up)": Figure(lazy_speedup, "inertia_efficiency"),
+    "InertiaKV Figure 11 (throughput scaling)": Figure(throughput_scaling, "inertia_efficiency"),
 }

@@ -54,12 +54,14 @@ def write_tables(root: Path | str = "results", out: Path | str | None = None) ->
         "|---|---|---|",
     ]
     for spec in paper_tables():
-        header, body = grid(spec, frames[spec.source])
-        filled, total = _count(body)
+        table = grid(spec, frames[spec.source])
+        filled, total = _count(table.body)
         md = out / f"{spec.key}.md"
-        md.write_text(f"## {spec.title}\n\n{to_markdown(header, body)}\n" + (f"\n{spec.note}\n" if spec.note else ""))
+        notes = "".join(f"\n{note}\n" for note in (table.note, spec.note) if note)
+        md.write_text(f"## {spec.title}\n\n{to_markdown(table.header, table.body)}\n{notes}")
         tex = out / f"{spec.key}.tex"
-        tex.write_text(to_latex(header, body, spec.title, spec.key))
+        caption = f"{spec.title}. {table.note}" if table.note else spec.title
+        tex.write_text(to_latex(table.header, table.body, caption, spec.key))
         written += [md, tex]
         command = f"python -m harness.run -m +experiment={spec.preset}"
         commands = f"`{command}`; `{command} scale=cpu`"
