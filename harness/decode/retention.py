@@ -15,8 +15,9 @@ series and per-example means:
 - ``spearman_vs_attention`` / ``jaccard_vs_attention``: rank correlation and top-B Jaccard of
   the method's scorer against last-query attention (mean over layers, every observed step);
 - ``spearman_at_layer`` / ``jaccard_at_layer``: the same at one layer on the whole prompt at
-  the first decode step, B = the budget (Sec. 5.1: layer 15 of Llama-3.1-8B's 32, at a 10%
-  budget; here the model's middle layer ``num_layers // 2 - 1``, 15 for 32 layers);
+  the first decode step, B = the budget (Sec. 5.1: layer 15, at a 10% budget, which the paper
+  names for Llama-3.1-8B and Qwen2.5-7B alike; ``REFERENCE_LAYER``, the last layer of a model
+  with fewer);
 - ``boundary_margin``: the state gap between the B-th and (B+1)-th entries over the mean
   state, and ``score_entropy``: the normalised entropy of the raw scores (App. H's weaker
   observables of alpha sensitivity).
@@ -49,6 +50,8 @@ from methods.overlap import jaccard
 from methods.scorers.base import Scorer, group_mean
 
 FILENAME = "diagnostics.jsonl"
+#: Sec. 5.1's layer for the scorer correlations, on both of the paper's models (0-based, as the paper counts).
+REFERENCE_LAYER = 15
 
 #: Per-example means written under ``summary`` (and read into ``metric.<name>`` columns).
 SUMMARY: tuple[str, ...] = (
@@ -258,7 +261,7 @@ class RetentionRecorder:
             return
         attention = group_mean(view).mean(dim=0)
         self._add(self._attention, positions, attention.tolist())
-        if not self.steps and view.layer == max(self.method.info.num_layers // 2 - 1, 0):
+        if not self.steps and view.layer == min(REFERENCE_LAYER, self.method.info.num_layers - 1):
             self._reference = (raw.cpu().numpy(), attention.float().cpu().numpy())
 
     def _first_step(self, positions: np.ndarray) -> None:

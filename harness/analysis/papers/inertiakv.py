@@ -333,8 +333,8 @@ def tables() -> list[TableSpec]:
             "inertia_scorers",
             where={"rho": 0.9},
             source="diagnostics",
-            note="Spearman and Jaccard at the layer the trace measures, num_layers // 2 - 1: the paper's layer 15 on "
-            "Llama-3.1-8B (32 layers), but layer 13 on Qwen2.5-7B (28 layers), where the paper also names 15.",
+            note="Spearman and Jaccard at layer 15, the paper's on Llama-3.1-8B and Qwen2.5-7B alike (the last "
+            "layer of a model with fewer; harness.decode.retention.REFERENCE_LAYER).",
         ),
         TableSpec(
             "inertia_table3",
