@@ -39,7 +39,8 @@ def runs_table(root: Path) -> pd.DataFrame:
                 summary["primary_metric"]: round(summary["overall"], 2),
                 "kv_ratio": round(summary["kv_ratio_final"], 3),
                 "decode_tok_s": round(summary["decode_tokens_per_s"] or 0.0, 2),
-                "score_share": round(summary["score_share"] or 0.0, 3),
+                # Measured only by profiled runs (profile=true): otherwise it stays empty, not 0.
+                "score_share": None if summary["score_share"] is None else round(summary["score_share"], 3),
             }
         )
     return pd.DataFrame(rows)
