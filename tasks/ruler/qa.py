@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,16 +165,25 @@ def _hotpot_documents(row: dict[str, Any]) -> list[tuple[str, str]]:
 
 def read_hotpotqa(rows: Any) -> QaData:
     """HotpotQA distractor rows (``question, answer, supporting_facts{title}, context{title, sentences}``)."""
-    documents = sorted({doc for row in rows for _, doc in _hotpot_documents(row)})
+    return _hotpot(rows, _hotpot_documents, lambda row: set(row["supporting_facts"]["title"]))
+
+
+def _hotpot(
+    items: Any,
+    documents_of: Callable[[dict[str, Any]], list[tuple[str, str]]],
+    supporting_of: Callable[[dict[str, Any]], set[str]],
+) -> QaData:
+    """HotpotQA in either layout, given how an item's ``(title, document)`` pairs and supporting titles are read."""
+    documents = sorted({doc for item in items for _, doc in documents_of(item)})
     index = {doc: i for i, doc in enumerate(documents)}
     questions = []
-    for row in rows:
-        supporting = set(row["supporting_facts"]["title"])
-        own = [(title in supporting, index[doc]) for title, doc in _hotpot_documents(row)]
+    for item in items:
+        supporting = supporting_of(item)
+        own = [(title in supporting, index[doc]) for title, doc in documents_of(item)]
         questions.append(
             Question(
-                query=row["question"],
-                answers=[row["answer"]],
+                query=item["question"],
+                answers=[item["answer"]],
                 own=[i for _, i in own],
                 more=[],
                 golden=[i for gold, i in own if gold],
@@ -213,22 +223,7 @@ def read_hotpotqa_official(items: Any) -> QaData:
     def paragraphs(item: dict[str, Any]) -> list[tuple[str, str]]:
         return [(title, f"{title}\n{''.join(sentences)}") for title, sentences in item["context"]]
 
-    documents = sorted({doc for item in items for _, doc in paragraphs(item)})
-    index = {doc: i for i, doc in enumerate(documents)}
-    questions = []
-    for item in items:
-        supporting = {title for title, _ in item["supporting_facts"]}
-        own = [(title in supporting, index[doc]) for title, doc in paragraphs(item)]
-        questions.append(
-            Question(
-                query=item["question"],
-                answers=[item["answer"]],
-                own=[i for _, i in own],
-                more=[],
-                golden=[i for gold, i in own if gold],
-            )
-        )
-    return QaData(questions, documents)
+    return _hotpot(items, paragraphs, lambda item: {title for title, _ in item["supporting_facts"]})
 
 
 def is_official(dataset: str, data: Any) -> bool:
