@@ -317,7 +317,7 @@ def tables() -> list[TableSpec]:
         TableSpec(
             "inertia_scorers",
             "InertiaKV Sec. 5.1 / Figure 2(a): scorers under EMA at 90%, deviation from attention, and their "
-            "Spearman and top-B Jaccard against attention (middle layer, whole prompt, first decode step)",
+            "Spearman and top-B Jaccard against attention (layer 15, whole prompt, first decode step)",
             product(
                 models({"variant": SCORERS["VNorm"]}),
                 benchmarks_run({"variant": SCORERS["VNorm"]}, per_task),
