@@ -20,7 +20,7 @@ Where we differ from that revision, and why:
   haystack (500 essay words, 25 lines, 5 under 4096 tokens) and draws the example anew; we drop
   an estimate of the overflow and keep the example's keys and values, so prompts stay within a
   few tokens of the target (RULER's step: ``task.sizing=ruler``; an essay example then loses
-  500 words, a third of a 1024-token prompt).
+  500 words, two thirds of a 1024-token prompt: 895 tokens become about 300).
 - The search's lower bound is one haystack unit, not RULER's step, so short lengths with
   long needles (uuids at 512 tokens) still fit instead of looping forever.
 - RULER splits essays into sentences with nltk's punkt model, which needs a download; we
