@@ -90,7 +90,8 @@ def test_recorder_on_a_tiny_model(tmp_path, tiny_models) -> None:
     assert all(len(kept) == 20 for kept in lines[0]["kept"])
     # The attention scorer compared with attention itself.
     assert lines[0]["summary"]["spearman_vs_attention"] == pytest.approx(1.0)
-    # Sec. 5.1's first-step comparison at layer 15 (the last layer of a model with fewer), over the whole cache, and k = ceil(0.1 * B).
+    # Sec. 5.1's first-step comparison at layer 15 (the last layer of a model with fewer), over the whole cache,
+    # and k = ceil(0.1 * B).
     assert lines[0]["summary"]["spearman_at_layer"] == pytest.approx(1.0)
     assert lines[0]["summary"]["jaccard_at_layer"] == 1.0
     assert lines[0]["top_k"] == 2
