@@ -284,12 +284,16 @@ class Engine:
             around = self.around_step(batch_step) if self.around_step else contextlib.nullcontext()
             start = self._clock()
             with around:
-                # Batch rows read their tokens at once (lag 0): the host feeds them.
-                steps = [(sequence.tokens[-1], sequence.next_step()) for sequence in sequences]
+                # The rows' tokens are fed from the device; the host reads them all at once, once per step.
+                positions = [sequence.next_step() for sequence in sequences]
+                tokens = torch.cat([sequence.token_t for sequence in sequences])
                 with EVICTING.active(BatchState([sequence.state for sequence in sequences])):
-                    logits = self._forward_batch(steps, [sequence.cache for sequence in sequences])
-                for row, sequence in enumerate(sequences):
-                    sequence.end_step(logits[row])
+                    logits = self._forward_batch(tokens, positions, [sequence.cache for sequence in sequences])
+                unread = [sequence for row, sequence in enumerate(sequences) if sequence.end_step(logits[row], False)]
+                if unread:
+                    chosen = torch.cat([sequence.token_t for sequence in unread]).view(-1).tolist()
+                    for sequence, token in zip(unread, chosen, strict=True):
+                        sequence.receive([token])
             seconds = self._clock() - start
             for sequence in sequences:
                 sequence.decode_s += seconds
@@ -311,10 +315,9 @@ class Engine:
                 got = done.pop(number)
                 yield number, [got[i] for i in range(len(got))]
 
-    def _forward_batch(self, steps: list[tuple[int, int]], caches: list[object]) -> Tensor:
-        """One decode step of several sequences: ``steps[i]`` is sequence i's (token, position)."""
-        input_ids = torch.tensor([[token] for token, _ in steps], device=self.device)
-        position_ids = torch.tensor([[position] for _, position in steps], device=self.device)
+    def _forward_batch(self, input_ids: Tensor, positions: list[int], caches: list[object]) -> Tensor:
+        """One decode step of several sequences: row i feeds ``input_ids[i]`` (on the device) at ``positions[i]``."""
+        position_ids = torch.tensor([[position] for position in positions], device=self.device)
         cache = kv_cache.batch_cache(self.model, caches)
         output = self.model(
             input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=1
@@ -436,9 +439,10 @@ class _Sequence:
             if len(self.tokens) >= self.request.min_new_tokens:
                 self.stopped = token in self.stops or bool(self.stop and self.stop(self.tokens))
 
-    def take(self, logits: Tensor) -> None:
+    def take(self, logits: Tensor, read: bool = True) -> bool:
         """Append the next token: sampled from ``logits`` on the device (and fed from there), or the forced one
-        (its log-probability recorded)."""
+        (its log-probability recorded). Without ``read`` a sampled token is left for the caller to read and
+        ``receive`` (a batch reads its rows at once); whether it was left so."""
         forced = self.request.forced
         if forced is not None:
             target = forced[len(self.target_logprobs)]
@@ -447,18 +451,21 @@ class _Sequence:
             self.target_greedy.append(int(logprobs.argmax()) == target)
             self.receive([target])
             self.token_t.fill_(target)
-            return
+            return False
         if self.generator is None:
             # On the logits' device: a sharded model's last layer may sit elsewhere than its first.
             self.generator = torch.Generator(device=logits.device).manual_seed(self.request.seed)
         if len(self.tokens) + len(self.reader) < self.request.min_new_tokens and self.stops:
             logits = logits.index_fill(0, torch.tensor(sorted(self.stops), device=logits.device), -torch.inf)
         self.token_t.copy_(self.sampling.next_token(logits, self.generator).view(1, 1))
+        if not read:
+            return True
         if self.method.budget() is None:
             # A cache that never evicts can be cut back after steps run past a stop: read the token late.
             self.receive(self.reader.push(self.token_t))
         else:
             self.receive([host_token(self.token_t)])
+        return False
 
     def steady_ready(self) -> bool:
         """Whether the next step is a steady one (``harness.decode.steady``): the method's static loop,
@@ -496,8 +503,9 @@ class _Sequence:
         self.state.driver.next_step()
         return self.state.driver.info.prefill_len + self.step - 1
 
-    def end_step(self, logits: Tensor) -> None:
-        """After the step's forward: evict as the method says, then take the next token from ``logits``."""
+    def end_step(self, logits: Tensor, read: bool = True) -> bool:
+        """After the step's forward: evict as the method says, then take the next token from ``logits``
+        (``take``: whether it is left unread)."""
         cache = self.cache
         self.step_bytes.append(kv_cache.cache_bytes(cache))
         if (plan := self.state.driver.end_step()) is not None:
@@ -506,7 +514,7 @@ class _Sequence:
         self.step_lengths.append(max(kv_cache.cache_lengths(cache)))
         if self.engine.on_step:
             self.engine.on_step(self.step, self.state, cache)
-        self.take(logits)
+        return self.take(logits, read)
 
     def generation(self) -> Generation:
         self.receive(self.reader.drain())
