@@ -59,18 +59,18 @@ class UserError(Exception):
 
 
 @contextmanager
-def user_errors() -> Iterator[None]:
-    """Treat a ``MISTAKES`` exception raised inside (also through Hydra's ``instantiate``) as a ``UserError``."""
+def user_errors(mistakes: tuple[type[Exception], ...] = MISTAKES) -> Iterator[None]:
+    """Treat a ``mistakes`` exception raised inside (also through Hydra's ``instantiate``) as a ``UserError``."""
     try:
         yield
     except UserError:
         raise
     except InstantiationException as error:
         cause = error.__cause__
-        if isinstance(cause, MISTAKES):
+        if isinstance(cause, mistakes):
             raise UserError(one_line(str(cause))) from cause
         raise
-    except MISTAKES as error:
+    except mistakes as error:
         raise UserError(one_line(str(error))) from error
 
 

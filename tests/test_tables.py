@@ -247,3 +247,30 @@ def test_table14_has_the_papers_three_decimals_and_no_longbench_v2_interval(fram
     # RULER as Table 12's difference, to three decimals; LongBench-v2's difference alone.
     assert cells["tiny"]["RULER · Δ [95% CI]"] == "-25.000 [-50.000, +0.000]"
     assert cells["tiny"]["LongBench-v2 · Δ"] == "-0.250"
+
+
+def test_figure_1_pairs_retained_sets_within_a_model_when_the_table_has_no_model_axis() -> None:
+    from harness.analysis.papers.inertiakv import diag, retention_jaccard
+
+    # Two models trace the same example; without a model axis the cell sees both. Model a's two scorers keep
+    # the same set (Jaccard 1), model b's disjoint ones (0): pairing across models would mix them or fail.
+    rows = []
+    for model, vnorm_kept in (("a", [[1, 2]]), ("b", [[3, 4]])):
+        rows.append({"model": model, "example_id": "e0", "variant": diag("inertia"), "kept": [[1, 2]]})
+        rows.append(
+            {"model": model, "example_id": "e0", "variant": diag("inertia", {"scorer": "vnorm"}), "kept": vnorm_kept}
+        )
+    frame = pd.DataFrame(rows)
+    assert retention_jaccard("attention", "vnorm")(frame, Scope(frame, {"method": "inertia"})) == "0.500"
+
+
+def test_a_fault_in_making_the_tables_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import harness.analysis.__main__ as entry
+
+    def broken(root: Path) -> list[Path]:
+        raise ValueError("a table's own bug")
+
+    monkeypatch.setattr(entry, "write_tables", broken)
+    # A ValueError of the code, not a user's mistake: not folded into a one-line UserError.
+    with pytest.raises(ValueError, match="a table's own bug"):
+        entry.main([str(tmp_path)])

@@ -11,6 +11,7 @@ import sys
 from harness.analysis.figures import make_figures
 from harness.analysis.papers import write_tables
 from harness.analysis.report import existing_root
+from harness.analysis.results import RESULTS_MISTAKES
 from harness.errors import cli, user_errors
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ def main(argv: list[str]) -> None:
     """Tables, then figures, from ``argv[0]`` (default ``results``)."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     root = existing_root(argv)
-    with user_errors():
+    with user_errors(RESULTS_MISTAKES):
         written = write_tables(root)
         log.info("tables: %d files in %s", len(written), root / "tables")
         figures = make_figures(root)

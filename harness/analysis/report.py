@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.analysis.results import load_results, run_folders
+from harness.analysis.results import RESULTS_MISTAKES, load_results, run_folders
 from harness.errors import UserError, cli, user_errors
 from harness.record.files import read_records
 from harness.record.schema import RunId
@@ -56,7 +56,7 @@ def existing_root(argv: list[str]) -> Path:
 
 def main(argv: list[str]) -> None:
     root = existing_root(argv)
-    with user_errors():
+    with user_errors(RESULTS_MISTAKES):
         table = runs_table(root)
     if table.empty:
         print(f"no runs with records under {root}/")

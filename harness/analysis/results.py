@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from harness.record.files import DuplicateRecordError, read_records
+from harness.record.files import CorruptRecordsError, DuplicateRecordError, read_records
 from harness.record.schema import NUMERIC_FIELDS, RunId
 
 log = logging.getLogger(__name__)
@@ -78,10 +78,10 @@ def _row(record: dict[str, Any], path: Path, number: int, fallback_run_id: str) 
     try:
         parsed = parse_run_id(run_id)
     except ValueError as error:
-        raise ValueError(f"{path}: record {number}: {error}") from error
+        raise CorruptRecordsError(f"{path}: record {number}: {error}") from error
     metrics = record.get("metrics") or {}
     if not isinstance(metrics, dict) or not metrics:
-        raise ValueError(f"{path}: record {number} (example_id={record['example_id']!r}) has no metrics")
+        raise CorruptRecordsError(f"{path}: record {number} (example_id={record['example_id']!r}) has no metrics")
     primary = next(iter(metrics))
     row: dict[str, Any] = {
         # The record's own fields win over the run id's: the run id only adds what a record
@@ -169,6 +169,12 @@ def load_results(root: Path | str = "results") -> pd.DataFrame:
 
 class MixedTimingsError(ValueError):
     """Timings measured at different batch sizes would be averaged or compared."""
+
+
+#: What a results root can hold wrong (a foreign or torn record, one identity recorded twice, timings of
+#: several batch sizes): one line each. Anything else raised while the tables are made is a bug in them and
+#: keeps its traceback.
+RESULTS_MISTAKES: tuple[type[Exception], ...] = (CorruptRecordsError, DuplicateRecordError, MixedTimingsError)
 
 
 def one_batch_size(rows: pd.DataFrame, what: str) -> pd.DataFrame:

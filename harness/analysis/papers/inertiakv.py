@@ -247,8 +247,10 @@ def retention_jaccard(first: str, second: str | None = None) -> Cell:
         where = {k: v for k, v in scope.where.items() if k not in ("method", "variant")}
         found = []
         for a, b in pairs:
-            left = restrict(scope.frame, {**where, "variant": label(method, a)}).set_index("example_id")["kept"]
-            right = restrict(scope.frame, {**where, "variant": label(method, b)}).set_index("example_id")["kept"]
+            # Paired per model and example: a table without a model axis holds every model's traces.
+            left = restrict(scope.frame, {**where, "variant": label(method, a)}).set_index(["model", "example_id"])
+            right = restrict(scope.frame, {**where, "variant": label(method, b)}).set_index(["model", "example_id"])
+            left, right = left["kept"], right["kept"]
             for example in left.index.intersection(right.index):
                 steps = [
                     jaccard(x, y) for x, y in zip(left[example] or [], right[example] or [], strict=False) if x or y
