@@ -274,3 +274,15 @@ def test_a_fault_in_making_the_tables_keeps_its_traceback(tmp_path: Path, monkey
     # A ValueError of the code, not a user's mistake: not folded into a one-line UserError.
     with pytest.raises(ValueError, match="a table's own bug"):
         entry.main([str(tmp_path)])
+
+
+def test_a_table_whose_distinctive_runs_are_missing_still_keeps_its_models_apart() -> None:
+    from harness.analysis.spec import models
+
+    # Table 5's model axis counts the models that ran alpha=0.3; before any did, both backbones' default
+    # runs must still land in rows of their own, never in one cell.
+    frame = pd.DataFrame({"model": ["a", "b"], "variant": ["inertia", "inertia"]})
+    lines = models({"variant": "inertia[aggregator.alpha=0.3]"})(frame)
+    assert [(line.label, line.where) for line in lines] == [("a", {"model": "a"}), ("b", {"model": "b"})]
+    # One model alone mixes nothing: its table keeps the unnamed line.
+    assert [line.label for line in models({"variant": "x"})(frame.iloc[:1])] == [""]

@@ -136,11 +136,15 @@ def models(within: Where | None = None) -> Axis:
     """One line per model with records (rows name the model actually used); none: one unnamed line.
 
     ``within`` counts only the models whose records it selects (a table's distinctive runs), so
-    a model that ran other tables' configurations does not add a row of "not run".
+    a model that ran other tables' configurations does not add a row of "not run". Where it selects
+    nothing yet and several models have records in the table's frame, each has its line: one unnamed
+    line would put several models' records in one cell.
     """
 
     def lines(frame: pd.DataFrame) -> list[Line]:
         chosen = _select(frame, within) if within else frame
+        if chosen.empty and frame["model"].nunique() > 1:
+            chosen = frame
         return [Line(str(m), {"model": m}) for m in sorted(chosen["model"].dropna().unique())] or [Line("")]
 
     return lines
