@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pandas as pd
 
 from harness.analysis.figures import inertiakv as plots
+from harness.analysis.figures import kvpop as kvpop_plots
 from harness.analysis.figures import make_figures
 
 FIXTURE = Path(__file__).parent / "fixtures" / "results"
@@ -78,3 +80,21 @@ def test_a_curve_point_averages_only_the_examples_every_point_ran(tmp_path: Path
     monkeypatch.setattr(plots, "save", lambda fig, path: figures.append(fig) or path)
     plots.quality_vs_budget(frame, tmp_path, tmp_path)
     assert [list(line.get_ydata()) for line in figures[0].axes[0].get_lines()] == [[50.0, 10.0]]
+
+
+def test_app_h_draws_dms_from_its_traced_run_whichever_run_comes_first(tmp_path: Path, monkeypatch) -> None:
+    # kvpop_table1's untraced DMS run shares kvpop_fig7's seed; listed first, it once hid the traced one.
+    heads = [[0, 1, 2], [2, 2, 0]]
+    traced = {"example_id": "aime_2024/60/s0", "meta": {"pattern_heads": heads, "pattern_positions": [4, 5, 6]}}
+    for run_id, record in (("dms_table1", {"example_id": "aime_2024/60/s0", "meta": {}}), ("dms_fig7", traced)):
+        (tmp_path / run_id).mkdir()
+        (tmp_path / run_id / "records.jsonl").write_text(json.dumps(record) + "\n")
+    frame = pd.DataFrame({"run_id": ["dms_table1", "dms_fig7"], "method": "dms", "model": "tiny", "rho": 0.875}).assign(
+        **{"meta.recall_l0_h0": 0.5, "meta.recall_l0_h1": 0.25}
+    )
+    figures = []
+    monkeypatch.setattr(kvpop_plots, "save", lambda fig, path: figures.append(fig) or path)
+    assert [p.name for p in kvpop_plots.dms_sparsity(frame, tmp_path, tmp_path)] == ["kvpop_apph_dms_tiny_rho0.875.png"]
+    coverage = figures[0].axes[0].get_lines()
+    # Per layer: the share of the tail no head keeps, then the share both KV heads keep.
+    assert [list(line.get_ydata()) for line in coverage] == [[1 / 3, 1 / 3], [1 / 3, 2 / 3]]

@@ -149,11 +149,13 @@ def dms_sparsity(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     """
     columns = [c for c in frame.columns if RECALL.fullmatch(c)]
     kv_heads = 1 + max((int(RECALL.fullmatch(c)[2]) for c in columns), default=0)
-    traced = frame[frame["method"].isin(["dms", "kvpop"])]
-    patterns = _patterns(traced, root)
+    rows = frame[frame["method"].isin(["dms", "kvpop"])]
+    patterns = _patterns(rows, root)
+    # Table 1's untraced runs share the preset's seed: only the traced ones are chosen, whatever the row order.
+    traced = rows[rows["run_id"].isin(patterns)]
     made = []
     for (model, rho), part in traced.groupby(["model", "rho"]):
-        runs = {name: run for name, run in part.groupby("method")["run_id"].first().items() if run in patterns}
+        runs = part.groupby("method")["run_id"].first().to_dict()
         if "dms" not in runs:
             continue
         fig, (coverage, recall) = plt.subplots(1, 2, figsize=(9, 3.5))
