@@ -155,3 +155,16 @@ def test_one_refill_serves_every_layer(tiny_models):
     # Keys, values and the positions table: one scatter each, however many layers (and one more gives the
     # unobserved newest entry its state); no top-k, one argmin.
     assert counts.kernels["scatter_"] == 4 and counts.kernels["argmin"] == 1 and "topk" not in counts.kernels
+
+
+@pytest.mark.parametrize("name", ["full", "inertia", "score_free"])
+def test_a_batch_step_reads_its_rows_tokens_in_one_host_read(tiny_models, name):
+    # The batch step still loops over rows inside, but feeds their tokens from the device and reads them back once.
+    model = tiny_models["tiny_llama"]
+    steps: list = []
+    engine = Engine(model, named_method(name, "rho=0.5"))
+    engine.around_step = lambda step: _Steps(steps, step)
+    requests = [Request(prompt(seed=seed), 30) for seed in range(4)]
+    list(engine.generate_batch(enumerate(requests), 4))
+    late = [counts for step, _, counts in steps if step > 8]
+    assert late and all(counts.sync_count == 1 for counts in late), [dict(c.syncs) for c in late]
