@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -181,6 +183,9 @@ def test_a_folder_of_an_older_identity_is_refused_then_migrated(tmp_path, capsys
         execute(rerun)
     assert not folder.exists()
 
+    # The first session's start is kept to the second: a file written within that second is not a change.
+    started = datetime.fromisoformat(json.loads((old / "provenance.jsonl").read_text().splitlines()[0])["started_at"])
+    os.utime(hay, (started.timestamp() + 0.9,) * 2)
     assert migrate_folder(old) == [f"{old.name} -> {folder.name}: 2 records (2 new there)"]
     assert not old.exists()
     records = read_records(folder / "records.jsonl")
@@ -193,6 +198,7 @@ def test_a_folder_of_an_older_identity_is_refused_then_migrated(tmp_path, capsys
     # A data file that changed after the records were made cannot be re-identified.
     again = as_version_1(folder, task_identity=v1_task)
     hay.write_text("Other prose. " * 400)
+    os.utime(hay, (started.timestamp() + 1,) * 2)
     with pytest.raises(UserError, match=r"changed after they were made"):
         migrate_folder(again)
 

@@ -67,7 +67,8 @@ def _check_data_unchanged(folder: Path, record: dict[str, Any]) -> None:
     started = _first_session(folder)
     for path in _paths((record.get("identity") or {}).get("task", {})):
         files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-        changed = [p for p in files if started is None or datetime.fromtimestamp(p.stat().st_mtime, UTC) > started]
+        # The session's start is kept to the second: a file written earlier in that second is not a change.
+        changed = [p for p in files if started is None or int(p.stat().st_mtime) > started.timestamp()]
         if changed:
             raise UserError(
                 f"{folder}: its records read {path} by path, and {changed[0]} changed after they were made, so"
