@@ -193,7 +193,7 @@ class ScoredEviction(EvictionMethod):
         rows = self._state_rows(view.layer)
         positions = self._row_positions(view.positions)
         self.aggregator.watch(view.layer, positions, scores)
-        rows.scatter_(1, positions, self.aggregator.combine(rows.gather(1, positions), scores))
+        self.aggregator.fold(rows, positions, scores)
         if self._rescue and not self._evicted:
             peak = self.peak[0 if self.selection.granularity == "token" else view.layer]
             peak.scatter_(1, positions, torch.maximum(peak.gather(1, positions), scores))

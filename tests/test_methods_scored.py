@@ -145,6 +145,21 @@ def test_single_step_token_state_is_the_last_layers_score() -> None:
     torch.testing.assert_close(method.state[0, 0, :7], S2[-1])
 
 
+@pytest.mark.parametrize("aggregator", [EMA(alpha=0.8), EMA(alpha=0.0), Cumulative(), SingleStep()], ids=repr)
+def test_fold_updates_the_scored_entries_to_the_bit_as_combine_does(aggregator) -> None:
+    # fold's fewer kernels must not move a rounding: kept sets are compared across engines to the entry.
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.rand(3, 40, generator=generator)
+    rows[:, 30:] = 0.0  # positions not cached yet
+    positions = torch.stack([torch.randperm(30, generator=generator)[:12] for _ in range(3)])
+    score = torch.rand(3, 12, generator=generator) / 7
+    expected = rows.gather(1, positions)
+    expected = aggregator.combine(expected, score)
+    aggregator.fold(rows, positions, score)
+    assert torch.equal(rows.gather(1, positions), expected)
+    assert torch.equal(rows[:, 30:], torch.zeros(3, 10))
+
+
 def test_ema_layer_granularity_keeps_one_independent_state_per_layer() -> None:
     method = run_two_steps(EMA(alpha=A), "layer")
     assert method.state.shape[:2] == (3, 1)

@@ -32,6 +32,13 @@ class Aggregator(ABC):
     def combine(self, state: Tensor, score: Tensor) -> Tensor:
         """New state from the old state and a fresh score (same shapes)."""
 
+    def fold(self, rows: Tensor, positions: Tensor, score: Tensor) -> None:
+        """Combine ``score`` into the state ``rows`` at ``positions`` (both ``(rows, T)``), in place.
+
+        ``combine`` between a gather and a scatter; a rule whose update needs fewer kernels overrides it,
+        rounding exactly as ``combine`` does (a GPU's decode step pays per kernel, per layer)."""
+        rows.scatter_(1, positions, self.combine(rows.gather(1, positions), score))
+
     def watch(self, layer: int, positions: Tensor, score: Tensor) -> None:
         """One layer's fresh scores ``(rows, T)`` at ``positions`` during an observed step."""
 

@@ -15,3 +15,6 @@ class Cumulative(Aggregator):
 
     def combine(self, state: Tensor, score: Tensor) -> Tensor:
         return state + score
+
+    def fold(self, rows: Tensor, positions: Tensor, score: Tensor) -> None:
+        rows.scatter_add_(1, positions, score)

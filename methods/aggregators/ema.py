@@ -25,3 +25,9 @@ class EMA(Aggregator):
 
     def combine(self, state: Tensor, score: Tensor) -> Tensor:
         return self.alpha * state + (1.0 - self.alpha) * score
+
+    def fold(self, rows: Tensor, positions: Tensor, score: Tensor) -> None:
+        # The whole row is scaled: an entry no longer cached never returns and one not cached yet is still 0,
+        # so only the cached entries' values matter, and they round as in ``combine``.
+        rows.mul_(self.alpha)
+        rows.scatter_add_(1, positions, (1.0 - self.alpha) * score)

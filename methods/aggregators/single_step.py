@@ -15,3 +15,6 @@ class SingleStep(Aggregator):
 
     def combine(self, state: Tensor, score: Tensor) -> Tensor:
         return score
+
+    def fold(self, rows: Tensor, positions: Tensor, score: Tensor) -> None:
+        rows.scatter_(1, positions, score)
