@@ -157,14 +157,17 @@ def test_one_refill_serves_every_layer(tiny_models):
     assert counts.kernels["scatter_"] == 4 and counts.kernels["argmin"] == 1 and "topk" not in counts.kernels
 
 
+@pytest.mark.parametrize("token_lag", [0, 4])
 @pytest.mark.parametrize("name", ["full", "inertia", "score_free"])
-def test_a_batch_step_reads_its_rows_tokens_in_one_host_read(tiny_models, name):
-    # The batch step still loops over rows inside, but feeds their tokens from the device and reads them back once.
+def test_a_batch_step_reads_its_rows_tokens_late_or_in_one_host_read(tiny_models, name, token_lag):
+    # The batch step still loops over rows inside, but feeds their tokens from the device. Read at once, the rows'
+    # tokens come back in one read; read late, as their steps would be alone, in none.
     model = tiny_models["tiny_llama"]
     steps: list = []
-    engine = Engine(model, named_method(name, "rho=0.5"))
+    engine = Engine(model, named_method(name, "rho=0.5"), token_lag=token_lag)
     engine.around_step = lambda step: _Steps(steps, step)
     requests = [Request(prompt(seed=seed), 30) for seed in range(4)]
     list(engine.generate_batch(enumerate(requests), 4))
     late = [counts for step, _, counts in steps if step > 8]
-    assert late and all(counts.sync_count == 1 for counts in late), [dict(c.syncs) for c in late]
+    expected = 0 if token_lag else 1
+    assert late and all(counts.sync_count == expected for counts in late), [dict(c.syncs) for c in late]

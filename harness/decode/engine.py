@@ -257,8 +257,10 @@ class Engine:
         of the method, keep sets, budget, positions and cache; a finished sequence's place goes to
         the next request. Every figure but the timings and (on CUDA) the allocator's peaks is the one
         ``generate`` gives the request alone; a sequence's ``decode_s`` is the wall time of the batch
-        steps it took part in. Greedy tokens match ``generate``'s as long as no two logits tie
-        within the last bits in which a matrix product of batch rows differs from one row's.
+        steps it took part in. A row's token is read ``token_lag`` steps late where ``generate`` would read it
+        so (``_Sequence.reads_late``), the others once per step for all rows. Greedy tokens match
+        ``generate``'s as long as no two logits tie within the last bits in which a matrix product of
+        batch rows differs from one row's.
         """
         if batch_size == 1:
             for key, request in requests:
@@ -271,7 +273,7 @@ class Engine:
         while True:
             while free and (item := next(pending, None)) is not None:
                 key, request = item
-                sequence = self._start(request, free.pop(), lag=0)
+                sequence = self._start(request, free.pop())
                 if sequence.finished:
                     free.append(sequence.method)
                     yield key, sequence.generation()
@@ -284,15 +286,24 @@ class Engine:
             around = self.around_step(batch_step) if self.around_step else contextlib.nullcontext()
             start = self._clock()
             with around:
-                # The rows' tokens are fed from the device; the host reads them all at once, once per step.
+                # The rows' tokens are fed from the device. A row whose step would read its token late alone
+                # reads it so here; the others are read together, once per step.
+                late = [sequence.reads_late() for sequence in sequences]
                 positions = [sequence.next_step() for sequence in sequences]
                 tokens = torch.cat([sequence.token_t for sequence in sequences])
                 with EVICTING.active(BatchState([sequence.state for sequence in sequences])):
                     logits = self._forward_batch(tokens, positions, [sequence.cache for sequence in sequences])
-                unread = [sequence for row, sequence in enumerate(sequences) if sequence.end_step(logits[row], False)]
-                if unread:
-                    chosen = torch.cat([sequence.token_t for sequence in unread]).view(-1).tolist()
-                    for sequence, token in zip(unread, chosen, strict=True):
+                now = []
+                for row, sequence in enumerate(sequences):
+                    if not sequence.end_step(logits[row], False):
+                        continue
+                    if late[row]:
+                        sequence.receive(sequence.reader.push(sequence.token_t))
+                    else:
+                        now.append(sequence)
+                if now:
+                    chosen = torch.cat([sequence.token_t for sequence in now]).view(-1).tolist()
+                    for sequence, token in zip(now, chosen, strict=True):
                         sequence.receive([token])
             seconds = self._clock() - start
             for sequence in sequences:
@@ -324,7 +335,7 @@ class Engine:
         )
         return output.logits[:, -1]
 
-    def _start(self, request: Request, method: EvictionMethod, lag: int | None = None) -> _Sequence:
+    def _start(self, request: Request, method: EvictionMethod) -> _Sequence:
         """Prefill ``request`` under ``method`` (its prefill-time eviction included) and choose its first token."""
         input_ids, max_new_tokens = request.input_ids, request.max_new_tokens
         if not input_ids:
@@ -353,8 +364,7 @@ class Engine:
         self._reconstruct(state, input_ids, cache)
         if (plan := state.driver.end_prefill()) is not None:
             kv_cache.evict(cache, plan)
-        # A batch step feeds every row's token from the host: its tokens are read at once.
-        sequence = _Sequence(self, request, method, state, max_new_tokens, self.token_lag if lag is None else lag)
+        sequence = _Sequence(self, request, method, state, max_new_tokens)
         sequence.prefill_s = self._clock() - start
         sequence.prefill_peak = _peak(self.device, state.peak_bytes)
         sequence.full_token_bytes = full_token_bytes
@@ -394,9 +404,7 @@ class Request:
 class _Sequence:
     """One sequence between its prefill and its last token: the method serving it, its cache and figures."""
 
-    def __init__(
-        self, engine: Engine, request: Request, method: EvictionMethod, state: StepState, limit: int, lag: int
-    ) -> None:
+    def __init__(self, engine: Engine, request: Request, method: EvictionMethod, state: StepState, limit: int) -> None:
         self.engine, self.request, self.method, self.state = engine, request, method, state
         self.cache = state.cache
         self.limit = limit
@@ -421,7 +429,7 @@ class _Sequence:
         self.token_t = torch.zeros(1, 1, dtype=torch.long, device=engine.device)
         self.position_t = torch.zeros((), dtype=torch.long, device=engine.device)
         self.loop: SteadyLoop | None = None
-        self.reader = TokenReader(engine.device, lag)
+        self.reader = TokenReader(engine.device, engine.token_lag)
         self.stopped = False
 
     @property
@@ -466,6 +474,11 @@ class _Sequence:
         else:
             self.receive([host_token(self.token_t)])
         return False
+
+    def reads_late(self) -> bool:
+        """Whether the host may read the next step's token ``lag`` steps late, as ``generate`` does: a cache that
+        never evicts is cut back after the steps run past a stop, and a steady step runs past it alone too."""
+        return self.reader.lag > 0 and (self.method.budget() is None or self.steady_ready())
 
     def steady_ready(self) -> bool:
         """Whether the next step is a steady one (``harness.decode.steady``): the method's static loop,
