@@ -293,15 +293,13 @@ class Engine:
                 tokens = torch.cat([sequence.token_t for sequence in sequences])
                 with EVICTING.active(BatchState([sequence.state for sequence in sequences])):
                     logits = self._forward_batch(tokens, positions, [sequence.cache for sequence in sequences])
-                now = []
-                for row, sequence in enumerate(sequences):
-                    if not sequence.end_step(logits[row], False):
-                        continue
-                    if late[row]:
-                        sequence.receive(sequence.reader.push(sequence.token_t))
-                    else:
-                        now.append(sequence)
-                if now:
+                unread = [(s, late[row]) for row, s in enumerate(sequences) if s.end_step(logits[row], False)]
+                if lagging := [sequence for sequence, lags in unread if lags]:
+                    tokens = torch.cat([sequence.token_t for sequence in lagging]).view(-1)
+                    copied = lagging[0].reader.start_copy(tokens)
+                    for row, sequence in enumerate(lagging):
+                        sequence.receive(sequence.reader.enqueue(*copied, row))
+                if now := [sequence for sequence, lags in unread if not lags]:
                     chosen = torch.cat([sequence.token_t for sequence in now]).view(-1).tolist()
                     for sequence, token in zip(now, chosen, strict=True):
                         sequence.receive([token])

@@ -124,13 +124,22 @@ class TokenReader:
 
     def push(self, token: Tensor) -> list[int]:
         """Start copying ``token`` to the host; the tokens now ``lag`` steps old, in order."""
-        host = torch.empty(1, dtype=torch.long, pin_memory=self.pinned)
-        host.copy_(token.view(1), non_blocking=True)
+        return self.enqueue(*self.start_copy(token.view(1)))
+
+    def start_copy(self, tokens: Tensor) -> tuple[Tensor, Any]:
+        """Start copying the 1-D ``tokens`` (a batch's rows: one copy for all) to the host: the host buffer and
+        the event that marks the copy done (None off CUDA)."""
+        host = torch.empty(tokens.shape, dtype=torch.long, pin_memory=self.pinned)
+        host.copy_(tokens, non_blocking=True)
         event = None
         if self.pinned:
             event = torch.cuda.Event()
             event.record()
-        self.pending.append((host, event))
+        return host, event
+
+    def enqueue(self, host: Tensor, event: Any, row: int = 0) -> list[int]:
+        """Queue row ``row`` of a copy ``start_copy`` began; the tokens now ``lag`` steps old, in order."""
+        self.pending.append((host[row : row + 1], event))
         return self._read(self.lag)
 
     def drain(self) -> list[int]:
