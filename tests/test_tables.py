@@ -89,6 +89,18 @@ def test_paired_difference_is_averaged_over_subtasks_like_the_scores(frame) -> N
     assert cells["tiny"]["LongBench · Δ [95% CI]"] == NOT_RUN
 
 
+def test_a_paired_difference_says_the_n_of_the_examples_both_sides_share(frame) -> None:
+    # InertiaKV also recorded examples Cumulative did not (another length, say): the difference and its n
+    # are over the four shared ones, not over every example either side recorded.
+    inertia = frame[(frame["variant"] == "inertia") & (frame["task"] == "ruler") & (frame["rho"] == 0.9)]
+    extra = inertia.assign(example_id=inertia["example_id"].astype(str) + "-1024", score=0.0)
+    spec = next(s for s in paper_tables() if s.key == "inertia_table12")
+    for records in (frame, pd.concat([frame, extra], ignore_index=True)):
+        table = grid(spec, records)
+        assert table.body[0][0] == "tiny" and "-25.00 [-50.00, +0.00]" in table.body[0]
+        assert "n = 4 examples per cell" in table.note
+
+
 def test_stratified_p_value_by_hand(frame) -> None:
     scope = Scope(frame, {"rho": 0.9, "task": "ruler"})
     p = delta({"variant": "inertia"}, {"variant": "cumulative"}, "p")(frame, scope)

@@ -299,12 +299,14 @@ def grid(spec: TableSpec, frame: pd.DataFrame) -> Grid:
         texts.append([])
         counts.append([])
         for column, where in zip(columns, line, strict=True):
-            records = _select(frame, where)
+            records, scope = _select(frame, where), Scope(frame, where)
             cell = column.cell or row.cell or spec.cell
-            texts[-1].append(cell(records, Scope(frame, where)))
-            # A cell that names its sample itself (a correlation's "(n=…)") is left to say so.
+            texts[-1].append(cell(records, scope))
+            # A cell that names its sample itself (a correlation's "(n=…)") is left to say so; one computed over
+            # fewer examples than its records cover (a paired difference: those both sides share) gives its n.
             said = texts[-1][-1] == NOT_RUN or "n=" in texts[-1][-1]
-            counts[-1].append(0 if said else count_examples(records))
+            sample = getattr(cell, "sample", None)
+            counts[-1].append(0 if said else sample(scope) if sample else count_examples(records))
     sample = _sample_sizes(counts)
     header = ["", *(_with_n(c.label, n) for c, n in zip(columns, sample.columns, strict=True))]
     body = [
@@ -435,6 +437,7 @@ def delta(
                 (
                     stratified_paired_bootstrap(pairs["a"], pairs["b"], pairs["subtask"]),
                     paper_digits(pairs) if digits is None else digits,
+                    len(pairs),
                 )
                 if len(pairs)
                 else None
@@ -445,11 +448,16 @@ def delta(
         result = comparison(scope)
         if result is None:
             return NOT_RUN
-        stats, places = result
+        stats, places, _ = result
         if show == "p":
             return "n/a" if math.isnan(stats.p_value) else ("<1e-4" if stats.p_value < 1e-4 else f"{stats.p_value:.3f}")
         if show == "mean":
             return f"{stats.mean_diff:+.{places}f}"
         return f"{stats.mean_diff:+.{places}f} [{stats.ci_low:+.{places}f}, {stats.ci_high:+.{places}f}]"
 
+    def sample(scope: Scope) -> int:
+        result = comparison(scope)
+        return 0 if result is None else result[2]
+
+    cell.sample = sample  # type: ignore[attr-defined]
     return cell
