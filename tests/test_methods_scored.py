@@ -153,8 +153,7 @@ def test_fold_updates_the_scored_entries_to_the_bit_as_combine_does(aggregator) 
     rows[:, 30:] = 0.0  # positions not cached yet
     positions = torch.stack([torch.randperm(30, generator=generator)[:12] for _ in range(3)])
     score = torch.rand(3, 12, generator=generator) / 7
-    expected = rows.gather(1, positions)
-    expected = aggregator.combine(expected, score)
+    expected = aggregator.combine(rows.gather(1, positions), score)
     aggregator.fold(rows, positions, score)
     assert torch.equal(rows.gather(1, positions), expected)
     assert torch.equal(rows[:, 30:], torch.zeros(3, 10))
