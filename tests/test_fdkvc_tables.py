@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 from scipy import stats as scipy_stats
 
+from harness.analysis.figures import fdkvc as figures
 from harness.analysis.papers import fdkvc
 from harness.analysis.spec import NOT_RUN, grid
 from harness.analysis.variants import variant
@@ -130,3 +133,25 @@ def test_a_column_over_more_examples_says_its_n_in_its_header():
     table = grid(next(s for s in fdkvc.tables() if s.key == "fdkvc_table1"), frame)
     assert table.header[-1] == "composite (n=4)" and "Mixed" in table.header
     assert "n = 2 examples per cell" in table.note
+
+
+def test_a_figures_curves_average_the_dialogs_every_run_recorded(tmp_path, monkeypatch):
+    # FD-KVC's run also holds a dialog H2O's lacks (as its default run holds fdkvc_tables' 600 beside 200):
+    # Fig. 3's curves average the one dialog both recorded.
+    shares = {"h2o": [[[0.5, 0.5], [0.4, 0.6]]], "fdkvc": [[[0.9, 0.1], [0.8, 0.2]], [[0.0, 1.0], [0.0, 1.0]]]}
+    rows = []
+    for name, dialogs in shares.items():
+        run = tmp_path / name
+        run.mkdir()
+        lines = [
+            {"subtask": "topic_shift", "example_id": f"topic_shift/{i:04d}", "meta": {"turns": {"topic_retention": d}}}
+            for i, d in enumerate(dialogs)
+        ]
+        (run / "records.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        rows += [{**r, "run_id": name} for r in records(name, "topic_shift", alignment=[0.0] * len(dialogs))]
+    drawn = {}
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    figures.topic_shift_retention(pd.DataFrame(rows), tmp_path, tmp_path)
+    curves = {line.get_label(): list(line.get_ydata()) for line in drawn["fig"].axes[0].get_lines()}
+    assert curves["FD-KVC: A"] == [90.0, 80.0] and curves["FD-KVC: B"] == pytest.approx([10.0, 20.0])
+    assert curves["H2O: A"] == [50.0, 40.0]

@@ -31,11 +31,18 @@ def _runs(frame: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
     return runs.sort_values("variant", key=lambda column: column.map(variants.index))
 
 
-def _series(root: Path, run_id: str, subtask: str) -> Iterator[dict]:
-    """The per-turn series of every record of ``run_id`` in ``subtask`` (``meta.turns``)."""
+def _series(root: Path, run_id: str, subtask: str, dialogs: set[str]) -> Iterator[dict]:
+    """The per-turn series (``meta.turns``) of ``run_id``'s records of the ``dialogs`` in ``subtask``."""
     for record in read_records(root / run_id / "records.jsonl"):
-        if record["subtask"] == subtask:
+        if record["subtask"] == subtask and record["example_id"] in dialogs:
             yield (record.get("meta") or {}).get("turns") or {}
+
+
+def _shared(frame: pd.DataFrame, runs: pd.DataFrame, subtask: str) -> set[str]:
+    """The dialogs of ``subtask`` that every one of ``runs`` recorded: the curves of one figure average one sample
+    (FD-KVC's default run may also hold ``fdkvc_tables``' 600 dialogs beside an ablation's 200)."""
+    scenario = restrict(frame, {**WORLD, "subtask": subtask})
+    return set(among(scenario, [{"variant": name} for name in runs["variant"].unique()])["example_id"])
 
 
 def dialog_turns(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
@@ -46,8 +53,9 @@ def dialog_turns(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
         return []
     fig, axes = plt.subplots(2, len(scenarios), figsize=(3.2 * len(scenarios), 5.5), squeeze=False, sharey="row")
     for col, scenario in enumerate(scenarios):
+        dialogs = _shared(frame, runs, scenario)
         for run_id, name in runs[["run_id", "variant"]].itertuples(index=False):
-            series = list(_series(root, run_id, scenario))
+            series = list(_series(root, run_id, scenario, dialogs))
             for row, metric in enumerate(("alignment", "retention")):
                 curve = pd.DataFrame([s[metric] for s in series if metric in s]).mean()
                 axes[row][col].plot(curve.index + 1, curve.to_numpy(), label=display(name), linewidth=1.2)
@@ -64,7 +72,11 @@ def ownership(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     runs = _runs(frame, ["fdkvc"])
     if runs.empty:
         return []
-    series = [s for s in _series(root, runs["run_id"].iloc[0], "mixed") if "ownership_loss" in s]
+    series = [
+        s
+        for s in _series(root, runs["run_id"].iloc[0], "mixed", _shared(frame, runs, "mixed"))
+        if "ownership_loss" in s
+    ]
     if not series:
         return []
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
@@ -85,8 +97,9 @@ def topic_shift_retention(frame: pd.DataFrame, root: Path, out: Path) -> list[Pa
         return []
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     drawn = False
+    dialogs = _shared(frame, runs, "topic_shift")
     for (run_id, name), colour in zip(runs[["run_id", "variant"]].itertuples(index=False), "bgr", strict=False):
-        shares = [s["topic_retention"] for s in _series(root, run_id, "topic_shift") if "topic_retention" in s]
+        shares = [s["topic_retention"] for s in _series(root, run_id, "topic_shift", dialogs) if "topic_retention" in s]
         if not shares:
             continue
         mean = pd.DataFrame([[turn[k] for turn in dialog] for dialog in shares for k in (0, 1)])
