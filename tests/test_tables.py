@@ -298,3 +298,22 @@ def test_a_table_whose_distinctive_runs_are_missing_still_keeps_its_models_apart
     assert [(line.label, line.where) for line in lines] == [("a", {"model": "a"}), ("b", {"model": "b"})]
     # One model alone mixes nothing: its table keeps the unnamed line.
     assert [line.label for line in models({"variant": "x"})(frame.iloc[:1])] == [""]
+
+
+def test_the_needle_heatmap_averages_the_examples_every_method_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.analysis.figures import inertiakv as figures
+
+    # The full cache recorded a second example at the same length and depth that TOVA did not: its panel
+    # shows the example both recorded, as a table cell would. TOVA at another budget stays out.
+    rows = [
+        {"model": "m", "task": "needle", "variant": "full", "rho": 0.0, "example_id": "a", "score": 100.0},
+        {"model": "m", "task": "needle", "variant": "full", "rho": 0.0, "example_id": "b", "score": 0.0},
+        {"model": "m", "task": "needle", "variant": "tova", "rho": 0.9, "example_id": "a", "score": 40.0},
+        {"model": "m", "task": "needle", "variant": "tova", "rho": 0.5, "example_id": "b", "score": 90.0},
+    ]
+    frame = pd.DataFrame([{**row, "subtask": None, "seed": 0, "meta.length": 512, "meta.depth": 50.0} for row in rows])
+    drawn = []
+    monkeypatch.setattr(figures, "save", lambda fig, path: drawn.append(fig) or path)
+    figures.needle_heatmap(frame, Path("."), Path("."))
+    panels = {ax.get_title(): ax.get_images()[0].get_array().tolist() for ax in drawn[0].axes if ax.get_images()}
+    assert panels == {"Full cache": [[100.0]], "TOVA": [[40.0]]}

@@ -249,7 +249,7 @@ def decode_composition(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]
     shown = {"Full Refresh": "inertia", "Lazy-4": REFRESH["Lazy-4"], "Score-Free": "score_free"}
     made = []
     for model, part in _efficiency(frame, profiled=True).groupby("model"):
-        part = part[part["variant"].isin(set(shown.values()))]
+        part = among(part[part["variant"].isin(set(shown.values()))], [{"variant": n} for n in shown.values()])
         if part.empty:
             continue
         length = int(part["meta.length"].min())
@@ -277,6 +277,7 @@ def lazy_speedup(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
     """Figure 10: decode tokens/s of Lazy-r over full refresh at the longest efficiency length."""
     made = []
     for model, part in _efficiency(frame).groupby("model"):
+        part = among(part, [{"variant": name} for name in ("inertia", *SPEED.values())])
         length = part["meta.length"].max()
         at = part[part["meta.length"] == length]
         full = at.loc[at["variant"] == "inertia", "decode_tokens_per_s"].mean()
@@ -301,6 +302,7 @@ def throughput_scaling(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]
     shown = {"Full Cache": "full", "Full Refresh": "inertia", "InertiaKV-Lazy4": REFRESH["Lazy-4"]}
     made = []
     for model, part in _efficiency(frame).groupby("model"):
+        part = among(part, [{"variant": name} for name in shown.values()])
         lengths = sorted(int(n) for n in part["meta.length"].unique())
         means = {
             label: [part.loc[(part["variant"] == name) & (part["meta.length"] == n), "decode_tokens_per_s"].mean()
@@ -494,12 +496,14 @@ def needle_heatmap(frame: pd.DataFrame, root: Path, out: Path) -> list[Path]:
         return []
     made = []
     for model, part in needle.groupby("model"):
-        shown = [n for n in NEEDLE_METHODS if ((part["variant"] == n) & ((part["rho"] == 0.9) | (n == "full"))).any()]
+        part = part[(part["rho"] == 0.9) | (part["variant"] == "full")]
+        shown = [n for n in NEEDLE_METHODS if (part["variant"] == n).any()]
+        part = among(part, [{"variant": n} for n in shown])
         fig, axes = plt.subplots(2, (len(shown) + 1) // 2, figsize=(3.4 * ((len(shown) + 1) // 2), 5.6), squeeze=False)
         for ax in axes.ravel()[len(shown) :]:
             ax.axis("off")
         for ax, name in zip(axes.ravel(), shown, strict=False):
-            runs = part[(part["variant"] == name) & ((part["rho"] == 0.9) | (name == "full"))]
+            runs = part[part["variant"] == name]
             grid = runs.pivot_table(index="meta.depth", columns="meta.length", values="score", aggfunc="mean")
             image = ax.imshow(grid.to_numpy(), cmap="RdYlGn", vmin=0, vmax=100 if grid.max().max() > 1 else 1,
                               aspect="auto")  # fmt: skip
