@@ -33,6 +33,9 @@ on a GPU it is captured as a graph, one per path (a step that observes, and one 
     while steady():
         forward      -> observe(view) per layer, if observes(t)
         evict_one(table, seen, observed=observes(t))     # (layers', rows, 1) slots, on the device
+
+A method whose decode steps only append (``appends_only()``: no budget, or a cut made at the prefill)
+lets the engine read tokens late as well: steps run past a stop are cut off the cache afterwards.
 """
 
 from __future__ import annotations
@@ -258,6 +261,12 @@ class EvictionMethod(ABC):
         ``positions[layer]`` is ``(kv_heads, T)``, the absolute positions now cached (a
         ``PerHead`` tuple on a ragged layer).
         """
+
+    def appends_only(self) -> bool:
+        """Whether every decode step from here on only appends its entry: nothing is evicted or masked, and
+        nothing ``report`` says changes. The engine may then run steps past a stop before it reads the
+        stop, and drop their entries after (a cache without a budget; a prefill-time method's after its cut)."""
+        return self.budget() is None
 
     def steady(self) -> bool:
         """Whether the current state is the static loop of the module docstring (nothing to evict: False)."""

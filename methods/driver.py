@@ -84,6 +84,13 @@ def append_newest(positions: Tensor | PerHead, newest: Tensor) -> Tensor | PerHe
     return torch.cat([positions, newest], dim=1)
 
 
+def drop_newest(positions: Tensor | PerHead, count: int) -> Tensor | PerHead:
+    """Positions without the ``count`` newest of every head (the last ones: appended in order of arrival)."""
+    if isinstance(positions, tuple):
+        return tuple(row[: row.numel() - count] for row in positions)
+    return positions[:, : positions.shape[1] - count]
+
+
 def _follow(positions: Tensor | PerHead, index: LayerKeep | Refill) -> Tensor | PerHead:
     return refill_positions(positions, index) if isinstance(index, Refill) else gather_positions(positions, index)
 
@@ -246,6 +253,10 @@ class Driver:
 
     def bias(self, layer: int) -> Tensor | None:
         return self.method.logit_bias(layer, self.positions[layer])
+
+    def drop_newest(self, count: int) -> None:
+        """Forget the ``count`` newest entries of every row (steps run past a stop of a method that only appends)."""
+        self.positions = _per_layer(lambda p, _: drop_newest(p, count), self.positions)
 
     def observe(self, view: LayerView) -> None:
         with self.clock.timing():

@@ -89,6 +89,9 @@ class HeadScoredEviction(EvictionMethod):
     def budget(self) -> int | None:
         return self._budget
 
+    def appends_only(self) -> bool:
+        return self.schedule == "prefill"
+
     @property
     def wants_prefill_queries(self) -> int:
         # Every prompt query: Expected Attention's statistics are over the whole prompt.

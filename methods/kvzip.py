@@ -129,6 +129,9 @@ class KVzip(EvictionMethod):
     def budget(self) -> int | None:
         return self._budget
 
+    def appends_only(self) -> bool:
+        return True  # the cut (or mask) is the prefill's; a decoded entry is never masked
+
     def _evicts(self) -> bool:
         return self._budget is not None and self._budget < self.info.prefill_len
 

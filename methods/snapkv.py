@@ -72,6 +72,9 @@ class SnapKV(EvictionMethod):
     def budget(self) -> int | None:
         return self._budget
 
+    def appends_only(self) -> bool:
+        return True  # the cut is the prefill's
+
     @property
     def wants_prefill_queries(self) -> int:
         return self.selection.window if self._budget is not None else 0

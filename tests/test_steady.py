@@ -85,16 +85,31 @@ def test_unprofiled_runs_time_the_step_not_the_method(tiny_models):
     assert profiled.score_s > 0 and profiled.evict_s >= 0
 
 
-@pytest.mark.parametrize("name", ["full", *CAPTURED])
-def test_tokens_read_late_stop_where_tokens_read_at_once_do(tiny_models, name):
+@pytest.mark.parametrize("name", PRESETS)
+def test_tokens_read_late_stop_where_tokens_read_at_once_do(tiny_models, tmp_path, monkeypatch, name):
+    # A steady step, and a step of a cache that only grows (no budget, or a prefill-time method after its cut:
+    # ragged AdaKV+EA's included), runs past a stop it reads late; its record is that of reading at once. A cache
+    # that only grows is cut back to the very entries and positions (a steady one has evicted past the stop).
     model = tiny_models["tiny_llama"]
-    first = Engine(model, named_method(name, "rho=0.5")).generate(Request(prompt(seed=3), 30))
+    overrides = ("rho=0.5", "model=tiny_llama", *extra_overrides(name, model, tmp_path))
+    tokenizer = load_tokenizer(model_spec("tiny_llama"))
+    engine = lambda lag: Engine(model, named_method(name, *overrides), tokenizer=tokenizer, token_lag=lag)  # noqa: E731
+    first = engine(0).generate(Request(prompt(seed=3), 30))
     stop = first.tokens[17]
-    expected = Engine(model, named_method(name, "rho=0.5")).generate(Request(prompt(seed=3), 30, {stop}))
-    late = Engine(model, named_method(name, "rho=0.5"), token_lag=5).generate(Request(prompt(seed=3), 30, {stop}))
+    kept = finished(monkeypatch)
+    at_once = engine(0)
+    expected = at_once.generate(Request(prompt(seed=3), 30, {stop}))
+    late = engine(5).generate(Request(prompt(seed=3), 30, {stop}))
     assert late.tokens == expected.tokens == first.tokens[: first.tokens.index(stop) + 1]
     untimed = lambda g: {k: v for k, v in dataclasses.asdict(g).items() if k not in TIMINGS}  # noqa: E731
     assert untimed(late) == untimed(expected)
+    if not at_once.method.appends_only():
+        return
+    (_, at_once_cache, at_once_positions), (_, late_cache, late_positions) = kept
+    for (a_keys, a_values), (b_keys, b_values) in zip(at_once_cache, late_cache, strict=True):
+        assert torch.equal(a_keys, b_keys) and torch.equal(a_values, b_values)
+    for a, b in zip(at_once_positions, late_positions, strict=True):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else all(map(torch.equal, a, b))
 
 
 class _Steps(contextlib.AbstractContextManager):
@@ -134,11 +149,16 @@ def test_the_steady_step_compiles_as_one_graph_per_path_and_never_recompiles(tin
     assert sum(made for _, made, _ in steps) == paths
 
 
-@pytest.mark.parametrize("name", ["full", *CAPTURED])
-def test_a_steady_step_reads_nothing_on_the_host(tiny_models, name):
+# Methods that cut at the prefill only: their caches only grow while decoding.
+PREFILL_TIME = ("snapkv", "adakv_ea", "keydiff", "kvzip", "kvzip_mask")
+
+
+@pytest.mark.parametrize("name", ["full", *CAPTURED, *PREFILL_TIME])
+def test_a_steady_step_or_one_that_only_appends_reads_nothing_on_the_host(tiny_models, name):
     model = tiny_models["tiny_llama"]
     steps: list = []
-    engine = Engine(model, named_method(name, "rho=0.5"), token_lag=4)
+    tokenizer = load_tokenizer(model_spec("tiny_llama"))
+    engine = Engine(model, named_method(name, "rho=0.5"), tokenizer=tokenizer, token_lag=4)
     engine.around_step = lambda step: _Steps(steps, step)
     engine.generate(Request(prompt(), 30))
     late = [counts for step, _, counts in steps if step > 8]
@@ -158,7 +178,7 @@ def test_one_refill_serves_every_layer(tiny_models):
 
 
 @pytest.mark.parametrize("token_lag", [0, 4])
-@pytest.mark.parametrize("name", ["full", "inertia", "score_free"])
+@pytest.mark.parametrize("name", ["full", "inertia", "score_free", "adakv_ea"])
 def test_a_batch_step_reads_its_rows_tokens_late_or_in_one_host_read(tiny_models, name, token_lag):
     # The batch step still loops over rows inside, but feeds their tokens from the device. Read at once, the rows'
     # tokens come back in one read; read late, as their steps would be alone, in none.

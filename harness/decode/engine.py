@@ -466,8 +466,8 @@ class _Sequence:
         self.token_t.copy_(self.sampling.next_token(logits, self.generator).view(1, 1))
         if not read:
             return True
-        if self.method.budget() is None:
-            # A cache that never evicts can be cut back after steps run past a stop: read the token late.
+        if self.method.appends_only():
+            # A cache that only grows can be cut back after steps run past a stop: read the token late.
             self.receive(self.reader.push(self.token_t))
         else:
             self.receive([host_token(self.token_t)])
@@ -475,8 +475,8 @@ class _Sequence:
 
     def reads_late(self) -> bool:
         """Whether the host may read the next step's token ``lag`` steps late, as ``generate`` does: a cache that
-        never evicts is cut back after the steps run past a stop, and a steady step runs past it alone too."""
-        return self.reader.lag > 0 and (self.method.budget() is None or self.steady_ready())
+        only grows is cut back after the steps run past a stop, and a steady step runs past it alone too."""
+        return self.reader.lag > 0 and (self.method.appends_only() or self.steady_ready())
 
     def steady_ready(self) -> bool:
         """Whether the next step is a steady one (``harness.decode.steady``): the method's static loop,
@@ -533,9 +533,10 @@ class _Sequence:
             self.loop.leave()
         method, cache, driver = self.method, self.cache, self.state.driver
         steps = len(self.tokens) - 1
-        if self.step > steps and method.budget() is None:
-            # Steps run past a stop grew a cache that never evicts: their entries go (it is in arrival order).
-            kv_cache.truncate(cache, driver.info.prefill_len + steps)
+        if self.step > steps and method.appends_only():
+            # Steps run past a stop grew a cache that only grows: their entries, the newest, go.
+            kv_cache.drop_newest(cache, self.step - steps)
+            driver.drop_newest(self.step - steps)
         state_bytes = method.state_bytes()
         prefill_len = driver.info.prefill_len
         return Generation(

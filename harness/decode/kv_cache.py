@@ -267,6 +267,13 @@ class RaggedLayer(DynamicLayer):
         """Per head, ``(batch, T_h, D)`` keys and values (views)."""
         return list(self.keys.split(self.lengths, dim=1)), list(self.values.split(self.lengths, dim=1))
 
+    def drop_newest(self, count: int) -> None:
+        """Drop the ``count`` newest entries of every head (the last of each: ``update`` appends)."""
+        keys, values = self.heads()
+        self.lengths = [length - count for length in self.lengths]
+        self.keys = _pack([head[:, :n] for head, n in zip(keys, self.lengths, strict=True)])
+        self.values = _pack([head[:, :n] for head, n in zip(values, self.lengths, strict=True)])
+
 
 def _layer_heads(layer: DynamicLayer) -> tuple[list[Tensor], list[Tensor]]:
     if isinstance(layer, RaggedLayer):
@@ -364,6 +371,22 @@ def truncate(cache: DynamicCache, length: int) -> None:
             continue
         layer.keys = layer.keys[..., :length, :].clone()
         layer.values = layer.values[..., :length, :].clone()
+
+
+def drop_newest(cache: DynamicCache, count: int) -> None:
+    """Drop the ``count`` newest entries of every layer and KV head: the last ones of a cache that has only
+    appended since its last eviction. A slot layer keeps its buffers (what it holds stays what it would
+    hold without them)."""
+    for layer in cache.layers:
+        if isinstance(layer, SlotLayer):
+            layer.length -= count
+            layer._views()
+        elif isinstance(layer, RaggedLayer):
+            layer.drop_newest(count)
+        else:
+            length = layer.keys.shape[-2] - count
+            layer.keys = layer.keys[..., :length, :].clone()
+            layer.values = layer.values[..., :length, :].clone()
 
 
 def cache_bytes(cache: DynamicCache) -> int:
