@@ -263,7 +263,7 @@ class EvictionMethod(ABC):
         """
 
     def appends_only(self) -> bool:
-        """Whether every decode step from here on only appends its entry: nothing is evicted or masked, and
+        """Whether every decode step from here on only appends its entry: nothing more is evicted or masked, and
         nothing ``report`` says changes. The engine may then run steps past a stop before it reads the
         stop, and drop their entries after (a cache without a budget; a prefill-time method's after its cut)."""
         return self.budget() is None
