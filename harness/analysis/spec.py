@@ -429,7 +429,7 @@ def delta(
     """
     memo: dict[tuple[int, str], Any] = {}
 
-    def comparison(scope: Scope) -> tuple[Any, int] | None:
+    def comparison(scope: Scope) -> tuple[Any, int, int] | None:
         key = (id(scope.frame), repr(sorted(scope.where.items(), key=str)))
         if key not in memo:
             pairs = _paired_records(scope, baseline, candidate, metric)

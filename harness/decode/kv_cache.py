@@ -135,6 +135,11 @@ class SlotLayer(DynamicLayer):
         """Keep the ``index`` entries (``(T',)`` or ``(kv_heads, T')``), gathered into buffers of ``T' + 1`` slots."""
         self._allocate(gather_rows(self.keys, index), gather_rows(self.values, index), index.shape[-1] + 1)
 
+    def drop_newest(self, count: int) -> None:
+        """Drop the ``count`` newest entries (the last slots in use), keeping the buffers."""
+        self.length -= count
+        self._views()
+
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` entries, in buffers of the planned size: the slots of the rest are released."""
         self._allocate(self.keys[..., :length, :], self.values[..., :length, :], max(length, self.planned))
@@ -368,9 +373,14 @@ def truncate(cache: DynamicCache, length: int) -> None:
     for layer in cache.layers:
         if isinstance(layer, SlotLayer):
             layer.truncate(length)
-            continue
-        layer.keys = layer.keys[..., :length, :].clone()
-        layer.values = layer.values[..., :length, :].clone()
+        else:
+            _keep_first(layer, length)
+
+
+def _keep_first(layer: DynamicLayer, length: int) -> None:
+    """Keep the first ``length`` entries of a plain layer, in new tensors: the rest is released."""
+    layer.keys = layer.keys[..., :length, :].clone()
+    layer.values = layer.values[..., :length, :].clone()
 
 
 def drop_newest(cache: DynamicCache, count: int) -> None:
@@ -378,15 +388,10 @@ def drop_newest(cache: DynamicCache, count: int) -> None:
     appended since its last eviction. A slot layer keeps its buffers (what it holds stays what it would
     hold without them)."""
     for layer in cache.layers:
-        if isinstance(layer, SlotLayer):
-            layer.length -= count
-            layer._views()
-        elif isinstance(layer, RaggedLayer):
+        if isinstance(layer, SlotLayer | RaggedLayer):
             layer.drop_newest(count)
         else:
-            length = layer.keys.shape[-2] - count
-            layer.keys = layer.keys[..., :length, :].clone()
-            layer.values = layer.values[..., :length, :].clone()
+            _keep_first(layer, layer.keys.shape[-2] - count)
 
 
 def cache_bytes(cache: DynamicCache) -> int:
