@@ -293,29 +293,32 @@ class _CountCompiles(contextlib.AbstractContextManager):
         self.into.append(torch._dynamo.utils.counters["stats"]["unique_graphs"] - self.before)
 
 
-def ops_table(methods: list[str], dtypes: list[str], batch_sizes: list[int], length: int = 512) -> str:
-    """The ``--ops`` table in Markdown."""
+def ops_table(
+    methods: list[str], dtypes: list[str], batch_sizes: list[int], numerics: list[int], length: int = 512
+) -> str:
+    """The ``--ops`` table in Markdown, one block of rows per dtype and ``numerics`` (``Engine.numerics``)."""
     lines = [
-        "| dtype | method | batch | kernels/step | x full | syncs/step | compiled |",
-        "|---|---|---|---|---|---|---|",
+        "| dtype | numerics | method | batch | kernels/step | x full | syncs/step | compiled |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for dtype in dtypes:
         spec = ModelSpec.from_config(compose_config(*OPS_GEOMETRY, f"model.dtype={dtype}", "model.device=cpu").model)
         model = load_model(spec)
         prompts = [[(7 * i + j) % 2000 + 1 for j in range(length)] for i in range(max(batch_sizes))]
-        full: dict[int, float] = {}
-        for name in methods:
-            for batch in batch_sizes:
-                method = bench_method(name, 0.5)
-                requests = [Request(ids, max(OPS_STEPS) + 2) for ids in prompts[:batch]]
-                engine = Engine(model, method, token_lag=4, steady="eager")
-                kernels, syncs = _steady_counts(engine, requests, batch)
-                if name == "full":
-                    full[batch] = kernels
-                ratio = f"{kernels / full[batch]:.2f}" if batch in full else ""
-                compiled = _compiled(model, bench_method(name, 0.5), requests[0]) if batch == 1 else "eager"
-                lines.append(f"| {dtype} | {name} | {batch} | {kernels:.0f} | {ratio} | {syncs:.2f} | {compiled} |")
-                print(lines[-1], flush=True)
+        for number in numerics:
+            full: dict[int, float] = {}
+            for name in methods:
+                for batch in batch_sizes:
+                    requests = [Request(ids, max(OPS_STEPS) + 2) for ids in prompts[:batch]]
+                    engine = Engine(model, bench_method(name, 0.5), token_lag=4, steady="eager", numerics=number)
+                    kernels, syncs = _steady_counts(engine, requests, batch)
+                    if name == "full":
+                        full[batch] = kernels
+                    ratio = f"{kernels / full[batch]:.2f}" if batch in full else ""
+                    compiled = _compiled(model, bench_method(name, 0.5), requests[0]) if batch == 1 else "eager"
+                    cells = (dtype, number, name, batch, f"{kernels:.0f}", ratio, f"{syncs:.2f}", compiled)
+                    lines.append(f"| {' | '.join(map(str, cells))} |")
+                    print(lines[-1], flush=True)
     return "\n".join(lines)
 
 
@@ -334,13 +337,14 @@ def main() -> None:
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled generation of the shares")
     parser.add_argument("--ops", action="store_true", help="count kernels and host syncs per steady step instead")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="--ops: the model's dtypes")
+    parser.add_argument("--numerics", type=int, nargs="+", default=[1], help="--ops: the engine's numerics (1, 2)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     pd.set_option("display.width", 200)
     if args.ops:
         methods = args.methods if args.methods != DEFAULT_METHODS else list(OPS_METHODS)
-        print(ops_table(methods, args.dtypes, args.batch_sizes or [1, 8]))
+        print(ops_table(methods, args.dtypes, args.batch_sizes or [1, 8], args.numerics))
         return
     header = f"\nmodel={args.model} new_tokens={args.new_tokens} threads={torch.get_num_threads()}"
     if not args.skip_single:

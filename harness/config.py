@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 # The config's resolvers are registered there, for every composition.
 from harness import errors  # noqa: F401
+from harness.decode.engine import NUMERICS
 from harness.decode.sampling import Sampling
 from harness.models import ModelSpec
 from harness.options import check_appended, check_fields, is_int
@@ -49,8 +50,8 @@ def model_spec(name: str) -> ModelSpec:
 
 
 def check_top_level(cfg: DictConfig) -> None:
-    """Refuse a malformed top-level option: rho, scale, seed, threads, batch_size, diagnostics, profile,
-    sampling.
+    """Refuse a malformed top-level option: rho, scale, seed, threads, batch_size, numerics, diagnostics,
+    profile, sampling.
 
     rho becomes a float here, so ``rho=0`` and ``rho=0.0`` are one run everywhere downstream.
     """
@@ -67,6 +68,11 @@ def check_top_level(cfg: DictConfig) -> None:
             raise ValueError(f"{switch}={cfg[switch]!r} is not true or false — use {switch}=true or {switch}=false")
     if not (is_int(cfg.batch_size) and cfg.batch_size >= 1):
         raise ValueError(f"batch_size={cfg.batch_size!r} is not a positive integer — use e.g. batch_size=8")
+    if cfg.numerics not in NUMERICS:
+        raise ValueError(
+            f"numerics={cfg.numerics!r} is not one of {', '.join(map(str, NUMERICS))} — use numerics=1 (the reference)"
+            " or numerics=2 (fewer kernels a step)"
+        )
     if cfg.diagnostics and cfg.batch_size > 1:
         raise ValueError(
             f"diagnostics=true traces one sequence at a time and batch_size={cfg.batch_size} decodes several"

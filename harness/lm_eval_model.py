@@ -125,7 +125,7 @@ class EvictbenchLM(LmEvalRequests):
         super().__init__(tokenizer, resolve_max_length(model.config, tokenizer))
         self._model, self._config, self._device = model, model.config, model.device
         self.spec = spec
-        self.engine = Engine(model, self.method, tokenizer=tokenizer)
+        self.engine = Engine(model, self.method, tokenizer=tokenizer, numerics=self.cfg.numerics)
         self.stops = stop_token_ids(model, tokenizer)
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:

@@ -166,6 +166,7 @@ def _outcomes(plan: Plan, todo: list[Example], session: dict[str, Any]) -> Itera
         cfg.diagnostics,
         todo,
         profile=cfg.profile,
+        numerics=cfg.numerics,
     )
 
 

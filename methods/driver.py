@@ -78,9 +78,13 @@ def gather_positions(positions: Tensor | PerHead, index: LayerKeep) -> Tensor | 
 
 
 def append_newest(positions: Tensor | PerHead, newest: Tensor) -> Tensor | PerHead:
-    """Positions with ``newest`` ``(kv_heads, k)`` appended to every head."""
+    """Positions with ``newest`` ``(kv_heads, k)`` appended to every head.
+
+    Ragged rows are rebuilt as views of one buffer: one copy for all heads, not one per head.
+    """
     if isinstance(positions, tuple):
-        return tuple(torch.cat([row, new]) for row, new in zip(positions, newest, strict=True))
+        pieces = [piece for row, new in zip(positions, newest, strict=True) for piece in (row, new)]
+        return torch.cat(pieces).split([row.numel() + newest.shape[1] for row in positions])
     return torch.cat([positions, newest], dim=1)
 
 

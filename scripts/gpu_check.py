@@ -13,6 +13,8 @@ summary at the end lists them. On Llama-3.1-8B's geometry with random weights (n
   peak memory; the prefill-scoring and ragged methods (h2o, tova_decode, adakv_ea, kvzip) must
   finish at that length.
 
+Every engine runs with ``numerics`` 2 (``--numerics``), the step a GPU run should take.
+
 Off a GPU (``--device cpu --length 512``) the same code runs on a small geometry: a smoke test of
 the script, not a figure.
 """
@@ -40,6 +42,8 @@ DECODE_METHODS = ("inertia", "inertia_lazy", "score_free", "tova_decode", "h2o")
 LONG_METHODS = ("h2o", "tova_decode", "adakv_ea", "kvzip")
 SMALL = ("model.config.hidden_size=256", "model.config.intermediate_size=512", "model.config.vocab_size=2048")
 RHO = 0.9
+#: What every engine here is built with (``--numerics``): 2, the step a GPU run should take, by default.
+ENGINE: dict[str, Any] = {"numerics": 2}
 results: list[tuple[str, str, str]] = []
 
 
@@ -78,7 +82,7 @@ class _SyncsAreErrors(contextlib.AbstractContextManager):
 
 
 def sync_free(lm: Any, ids: list[int], name: str, device: str) -> tuple[bool | None, str]:
-    engine = Engine(lm, bench_method(name, RHO))
+    engine = Engine(lm, bench_method(name, RHO), **ENGINE)
     if device == "cuda":
         # Steps from the 8th on: the cache is at its budget and the graphs are captured by then.
         engine.around_step = lambda step: _SyncsAreErrors() if step >= 8 else contextlib.nullcontext()
@@ -92,7 +96,7 @@ def kernels_per_step(lm: Any, ids: list[int], name: str) -> tuple[bool | None, s
     def around(step: int) -> contextlib.AbstractContextManager:
         return _Profiled(counted) if step in (24, 25, 26, 27) else contextlib.nullcontext()
 
-    engine = Engine(lm, bench_method(name, RHO) if name != "full" else FullCache(), around_step=around)
+    engine = Engine(lm, bench_method(name, RHO) if name != "full" else FullCache(), around_step=around, **ENGINE)
     engine.generate(Request(ids, 32))
     return None, f"{statistics.mean(counted):.0f} kernels per steady step (profiler, steps 24-27)"
 
@@ -126,7 +130,7 @@ def kept_sets(lm: Any, ids: list[int], name: str) -> list[torch.Tensor]:
 
     engine_module._Sequence.generation = keep
     try:
-        Engine(lm, bench_method(name, RHO)).generate(Request(ids, 32))
+        Engine(lm, bench_method(name, RHO), **ENGINE).generate(Request(ids, 32))
     finally:
         engine_module._Sequence.generation = original
     return captured[0]
@@ -145,7 +149,7 @@ def speed(lm: Any, ids: list[int], repeats: int, new_tokens: int) -> dict[str, t
     for name in ("full@B", "inertia", "inertia_lazy", "score_free", "tova"):
         runs = []
         for _ in range(repeats + 1):
-            engine = Engine(lm, FullCache() if name == "full@B" else bench_method(name, RHO))
+            engine = Engine(lm, FullCache() if name == "full@B" else bench_method(name, RHO), **ENGINE)
             runs.append(engine.generate(Request(ids[-budget:] if name == "full@B" else ids, new_tokens)))
         tok_s = statistics.median((g.new_tokens - 1) / g.decode_s for g in runs[1:])
         out[name] = (tok_s, runs[-1].prefill_peak_bytes / 2**20, runs[-1].decode_peak_bytes / 2**20)
@@ -160,7 +164,9 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=8192, help="the other checks' prompt")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--numerics", type=int, default=2, help="the engine's numerics (harness.decode.engine)")
     args = parser.parse_args()
+    ENGINE["numerics"] = args.numerics
     bf16 = model(args, "bfloat16")
     tokenizer = load_tokenizer(spec(args, "bfloat16"))  # KVzip's passes: the prompts' tokenizer (SmolLM2's)
     vocab = bf16.config.vocab_size
@@ -193,7 +199,7 @@ def main() -> None:
     for name in LONG_METHODS:
 
         def finishes(name: str = name) -> tuple[bool | None, str]:
-            g = Engine(bf16, bench_method(name, RHO), tokenizer=tokenizer).generate(Request(long, 16))
+            g = Engine(bf16, bench_method(name, RHO), tokenizer=tokenizer, **ENGINE).generate(Request(long, 16))
             return True, (f"{(g.new_tokens - 1) / g.decode_s:.1f} tok/s, prefill {g.prefill_s:.1f} s, peaks "
                           f"{g.prefill_peak_bytes / 2**30:.1f}/{g.decode_peak_bytes / 2**30:.1f} GiB")  # fmt: skip
 

@@ -120,6 +120,14 @@ def test_the_batch_size_above_one_is_part_of_the_run_id():
     assert rid(*TINY, "method=tova_decode", "batch_size=1") == one
 
 
+def test_numerics_other_than_the_reference_are_part_of_the_run_id():
+    one, two = rid(*TINY, "method=adakv_ea"), rid(*TINY, "method=adakv_ea", "numerics=2")
+    assert one != two and RunId.parse(one).model_params is None
+    assert RunId.parse(two).model == "tiny_llama" and RunId.parse(two).model_params is not None
+    assert rid(*TINY, "method=adakv_ea", "numerics=1") == one
+    assert two != rid(*TINY, "method=adakv_ea", "numerics=2", "batch_size=8")
+
+
 def test_the_analysis_refuses_a_cell_that_mixes_batch_sizes(tmp_path):
     for batch in ("batch_size=1", "batch_size=2"):
         execute(compose_config(*TINY, "task.n=2", "method=full", "rho=0", batch, f"results_dir={tmp_path}"))

@@ -138,6 +138,13 @@ def check_servable(
     return method.check(sequence_info(config, prefill_len, max_new_tokens))
 
 
+#: ``numerics``: how a decode step computes, each a fixed rounding (a run id names any but the first).
+#: 1: the reference; a ragged layer's heads packed one after another and attended one by one.
+#: 2: fewer kernels a step; a ragged layer's heads padded to one length (``kv_cache.PaddedHeadsLayer``)
+#: and attended in one masked pass, which sums in another order, so a near-tie in a keep set can flip.
+NUMERICS = (1, 2)
+
+
 @dataclass
 class Engine:
     """Runs a model under an eviction method.
@@ -159,6 +166,7 @@ class Engine:
             (the bench counts a step's kernels and host syncs inside it).
         token_lag: how many steady steps behind the device the host reads the tokens
             (``harness.decode.steady.TokenReader``); None: 4 on CUDA, 0 elsewhere.
+        numerics: how a decode step computes (``NUMERICS``).
     """
 
     model: PreTrainedModel
@@ -170,8 +178,11 @@ class Engine:
     steady: str | None = None
     around_step: Callable[[int], AbstractContextManager[Any]] | None = None
     token_lag: int | None = None
+    numerics: int = 1
 
     def __post_init__(self) -> None:
+        if self.numerics not in NUMERICS:
+            raise ValueError(f"numerics={self.numerics!r} is not one of {NUMERICS}")
         kv_cache.check_layers(self.model.config, self.model.config.name_or_path or self.model.config.model_type)
         select(self.model, EVICTING.name)
         info = sequence_info(self.model.config, 0, 0)
@@ -353,7 +364,7 @@ class Engine:
         budget = method.budget()
         # Room for the prompt and the first step's token, or for the cache's growth up to the budget.
         capacity = most if budget is None else min(most, max(prefill_len + 1, budget + 1))
-        cache = kv_cache.new_cache(self.model, capacity, most)
+        cache = kv_cache.new_cache(self.model, capacity, most, padded_heads=self.numerics >= 2)
         state = StepState(driver, cache)
         with EVICTING.active(state):
             logits = self._forward(input_ids, 0, cache)

@@ -4,7 +4,8 @@ Registered as ``evictbench`` (``harness.decode.attention``). While the engine de
 forward's state is a ``StepState`` holding the method's ``Driver`` and the cache. At a decode step
 (one query row) whose method wants scores, or adds a logit bias, the softmax weights are computed
 explicitly, used for the output *and* handed to the method, so scoring costs no second
-attention pass. A ragged layer (its KV heads hold different counts) is attended head by head.
+attention pass. A ragged layer (its KV heads hold different counts) is attended head by head, or,
+stored padded (``numerics`` 2), in one masked pass.
 Every other call (the prefill, steps without scoring) goes to SDPA; a decode step of several
 sequences (``BatchState``) serves each row alone, over its own cache; a prefill the
 method observes calls SDPA's CPU flash kernel directly, for the rows' log-normalisers it also
@@ -136,6 +137,31 @@ def ragged_single_query_attention(
     return torch.cat(outputs).view(1, 1, heads, dim), tuple(weights)
 
 
+def _padded(
+    call: AttentionCall, filled: Tensor, lengths: list[int], bias: tuple[Tensor, ...] | None, scored: bool
+) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+    """One query row over a ``PaddedHeadsLayer``'s heads in one pass: the slots past ``filled[h]`` are masked.
+
+    ``call.key``/``call.value`` are ``(1, Hkv, T, D)``, T the longest head's length. Unless ``scored``, SDPA
+    serves the step (no weights); else ``single_query_attention`` with the mask as its bias, and head h's
+    weights are the first ``lengths[h]`` of its row. A method's own bias adds to the mask.
+    """
+    key = call.key
+    free = torch.arange(key.shape[2], device=key.device) >= filled[:, None]
+    if bias is not None:
+        pad = [torch.nn.functional.pad(row.float(), (0, key.shape[2] - row.numel())) for row in bias]
+        mask = torch.stack(pad).masked_fill(free, -torch.inf)
+    elif not scored:
+        # Each query head reads its KV head's mask; expanded, as repeat_interleave would read its size on the host.
+        shape = (key.shape[1], call.query.shape[1] // key.shape[1], key.shape[2])
+        mask = ~free[:, None, :].expand(shape).reshape(-1, key.shape[2])
+        return dataclasses.replace(call, mask=mask[None, :, None, :]).sdpa()[0], None
+    else:
+        mask = torch.where(free, -torch.inf, 0.0)
+    output, weights = single_query_attention(call.query, key, call.value, call.scaling, mask)
+    return output, tuple(weights[head, :, :length] for head, length in enumerate(lengths))
+
+
 def _reconstruction(state: StepState, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     """A pass that reads the prompt's cache again: the method observes it; causal, aligned at the end."""
     driver, layer = state.driver, call.layer
@@ -201,9 +227,16 @@ def _forward(state: StepState | BatchState, call: AttentionCall) -> tuple[Tensor
     steady = driver.table is not None
     if isinstance(positions, tuple):
         lengths = [row.numel() for row in positions]
-        key, value = kv_cache.head_views(call.key, lengths), kv_cache.head_views(call.value, lengths)
-        output, weights = ragged_single_query_attention(call.query, key, value, call.scaling, bias)
-        state.count_attention(layer, steady)
+        filled = kv_cache.padded_heads(state.cache, layer)
+        if filled is None:
+            key, value = kv_cache.head_views(call.key, lengths), kv_cache.head_views(call.value, lengths)
+            output, weights = ragged_single_query_attention(call.query, key, value, call.scaling, bias)
+        else:
+            key = tuple(call.key[0, head, :length] for head, length in enumerate(lengths))
+            value = tuple(call.value[0, head, :length] for head, length in enumerate(lengths))
+            output, weights = _padded(call, filled, lengths, bias, driver.attention)
+        if weights is not None:
+            state.count_attention(layer, steady)
     else:
         key, value = call.key[0], call.value[0]
         if not driver.attention and bias is None:

@@ -9,7 +9,9 @@ exactly the entries kept, no padding. Attention over it runs head by head
 (``harness.decode.evicting_attention``): on 2 CPU cores, per-head calls on views of the packed rows
 took 0.7 ms per layer against 1.4 ms for padding the heads into one tensor per step (3 KV
 heads, ~1000 entries each; 15 ms against 144 ms at 8 heads x 6400 entries), and a stored
-padded layout would hold up to the longest head's length in every head.
+padded layout would hold up to the longest head's length in every head. On a GPU the count of
+kernels matters more than that memory: ``numerics`` 2 stores such a layer padded
+(``PaddedHeadsLayer``), so a step appends with one write and attends all heads in one pass.
 
 Every other layer is a ``SlotLayer``: preallocated key/value buffers, of which the first
 ``length`` slots hold entries. A new token is written into the next free slot (no ``cat``, for
@@ -59,11 +61,22 @@ def check_layers(config: PretrainedConfig, name: str) -> None:
     )
 
 
-def new_cache(model: PreTrainedModel, capacity: int | None = None, limit: int | None = None) -> DynamicCache:
-    """A cache for ``model``; with ``capacity``, of ``SlotLayer``s preallocated to it (growing up to ``limit``)."""
+#: The attribute of a cache (``new_cache``) that says its ragged layers are ``PaddedHeadsLayer``s.
+PADDED_HEADS = "evictbench_padded_heads"
+
+
+def new_cache(
+    model: PreTrainedModel, capacity: int | None = None, limit: int | None = None, padded_heads: bool = False
+) -> DynamicCache:
+    """A cache for ``model``; with ``capacity``, of ``SlotLayer``s preallocated to it (growing up to ``limit``).
+
+    A layer whose heads come to keep different counts becomes a ``RaggedLayer``, or with ``padded_heads``
+    a ``PaddedHeadsLayer``.
+    """
     cache = DynamicCache(config=model.config)
     if capacity is not None:
         cache.layers = [SlotLayer(capacity, limit or capacity) for _ in cache.layers]
+    setattr(cache, PADDED_HEADS, padded_heads)
     return cache
 
 
@@ -280,8 +293,97 @@ class RaggedLayer(DynamicLayer):
         self.values = _pack([head[:, :n] for head, n in zip(values, self.lengths, strict=True)])
 
 
+class PaddedHeadsLayer(DynamicLayer):
+    """A ragged layer in one buffer ``(batch, kv_heads, capacity, head_dim)``, head h's first ``lengths[h]`` slots used.
+
+    The ragged layout of ``numerics`` 2 (``new_cache``). A step appends to every head with one write
+    at each head's next slot, and attention reads all heads in one masked pass
+    (``harness.decode.evicting_attention``), where the packed ``RaggedLayer`` is copied whole at every
+    append and attended head by head: a few kernels a layer instead of several per head. The cost
+    is memory: every head holds the longest one's slots. ``keys``/``values`` are the buffers up to the
+    longest head; the slots past a head's length hold zeros or dropped entries, finite either way,
+    so the masked pass multiplies them by an exact 0.
+
+    ``room`` is how many appends are still to come (the ``SlotLayer`` it replaces knew); an append
+    beyond it reallocates the buffers to what is needed.
+    """
+
+    def __init__(self, keys: Sequence[Tensor], values: Sequence[Tensor], room: int) -> None:
+        super().__init__()
+        self.lengths = [head.shape[1] for head in keys]
+        self.room = room
+        self.device = keys[0].device
+        self.filled = torch.tensor(self.lengths, device=self.device)
+        self._heads = torch.arange(len(keys), device=self.device)[:, None]
+        self._allocate(list(keys), list(values), max(self.lengths) + room)
+        self.is_initialized = True
+
+    def _allocate(self, keys: list[Tensor], values: list[Tensor], capacity: int) -> None:
+        """Zeroed buffers of ``capacity`` slots per head, head h's ``(batch, T_h, D)`` entries first."""
+        batch, _, dim = keys[0].shape
+        self._keys = keys[0].new_zeros(batch, len(keys), capacity, dim)
+        self._values = values[0].new_zeros(batch, len(values), capacity, values[0].shape[-1])
+        for head, (key, value) in enumerate(zip(keys, values, strict=True)):
+            self._keys[:, head, : key.shape[1]] = key
+            self._values[:, head, : value.shape[1]] = value
+        self._views()
+
+    def _views(self) -> None:
+        longest = max(self.lengths)
+        self.keys, self.values = self._keys[..., :longest, :], self._values[..., :longest, :]
+
+    def update(
+        self, key_states: Tensor, value_states: Tensor, *args: object, **kwargs: object
+    ) -> tuple[Tensor, Tensor]:
+        added = key_states.shape[-2]
+        self.room = max(self.room - added, 0)
+        if max(self.lengths) + added > self._keys.shape[-2]:
+            keys, values = self.heads()
+            self._allocate(keys, values, max(self.lengths) + added + self.room)
+        slots = self.filled[:, None] + (0 if added == 1 else torch.arange(added, device=self.device))
+        self._keys[:, self._heads, slots] = key_states
+        self._values[:, self._heads, slots] = value_states
+        self.filled += added
+        self.lengths = [length + added for length in self.lengths]
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return max(self.lengths)
+
+    def heads(self) -> tuple[list[Tensor], list[Tensor]]:
+        """Per head, ``(batch, T_h, D)`` keys and values (views)."""
+        keys = [self._keys[:, head, :length] for head, length in enumerate(self.lengths)]
+        return keys, [self._values[:, head, :length] for head, length in enumerate(self.lengths)]
+
+    def drop_newest(self, count: int) -> None:
+        """Drop the ``count`` newest entries of every head (the last of each: ``update`` appends); buffers stay."""
+        self.filled -= count
+        self.lengths = [length - count for length in self.lengths]
+        self._views()
+
+    def held_bytes(self) -> int:
+        return _bytes(self._keys, self._values)
+
+    def entry_bytes(self) -> int:
+        """Bytes of the entries in use, not of the padding."""
+        entry = self._keys.shape[0] * (self._keys.shape[-1] * self._keys.element_size())
+        entry += self._values.shape[0] * (self._values.shape[-1] * self._values.element_size())
+        return sum(self.lengths) * entry
+
+
+#: The layers whose KV heads hold different counts.
+RAGGED = (RaggedLayer, PaddedHeadsLayer)
+
+
+def padded_heads(cache: DynamicCache, layer: int) -> Tensor | None:
+    """Per KV head, the entries in use ``(kv_heads,)`` of ``layer`` when it is a ``PaddedHeadsLayer``, else None."""
+    current = cache.layers[layer]
+    return current.filled if isinstance(current, PaddedHeadsLayer) else None
+
+
 def _layer_heads(layer: DynamicLayer) -> tuple[list[Tensor], list[Tensor]]:
-    if isinstance(layer, RaggedLayer):
+    if isinstance(layer, RAGGED):
         return layer.heads()
     return list(layer.keys.unbind(1)), list(layer.values.unbind(1))
 
@@ -303,7 +405,7 @@ def layer_heads(cache: DynamicCache, layer: int) -> tuple[list[Tensor], list[Ten
 def head_lengths(cache: DynamicCache) -> list[list[int]]:
     """Entries cached per layer and KV head."""
     return [
-        list(layer.lengths) if isinstance(layer, RaggedLayer) else [layer.keys.shape[-2]] * layer.keys.shape[1]
+        list(layer.lengths) if isinstance(layer, RAGGED) else [layer.keys.shape[-2]] * layer.keys.shape[1]
         for layer in cache.layers
     ]
 
@@ -340,7 +442,7 @@ def evict_layer(cache: DynamicCache, layer: int, index: Tensor | tuple[Tensor, .
     if isinstance(current, SlotLayer) and isinstance(index, Tensor):
         current.compact(index.to(current.keys.device))
         return
-    if isinstance(index, Tensor) and not isinstance(current, RaggedLayer):
+    if isinstance(index, Tensor) and not isinstance(current, RAGGED):
         # Layers of a sharded model live on different devices.
         index = index.to(current.keys.device)
         current.keys = gather_rows(current.keys, index)
@@ -358,8 +460,17 @@ def evict_layer(cache: DynamicCache, layer: int, index: Tensor | tuple[Tensor, .
         plain.lazy_initialization(kept_keys[0], kept_values[0])
         plain.keys, plain.values = torch.stack(kept_keys, dim=1), torch.stack(kept_values, dim=1)
         cache.layers[layer] = plain
+    elif getattr(cache, PADDED_HEADS, False):
+        cache.layers[layer] = PaddedHeadsLayer(kept_keys, kept_values, _room(current))
     else:
         cache.layers[layer] = RaggedLayer(_pack(kept_keys), _pack(kept_values), lengths)
+
+
+def _room(layer: DynamicLayer) -> int:
+    """How many appends ``layer`` still expects: a slot layer's tokens still to come, a padded layer's room."""
+    if isinstance(layer, SlotLayer):
+        return max(layer.limit - layer.arrived, 0)
+    return layer.room if isinstance(layer, PaddedHeadsLayer) else 0
 
 
 def evict(cache: DynamicCache, plan: list[Tensor | tuple[Tensor, ...] | Refill]) -> None:
@@ -388,21 +499,25 @@ def drop_newest(cache: DynamicCache, count: int) -> None:
     appended since its last eviction. A slot layer keeps its buffers (what it holds stays what it would
     hold without them)."""
     for layer in cache.layers:
-        if isinstance(layer, SlotLayer | RaggedLayer):
+        if isinstance(layer, SlotLayer | RaggedLayer | PaddedHeadsLayer):
             layer.drop_newest(count)
         else:
             _keep_first(layer, layer.keys.shape[-2] - count)
 
 
 def cache_bytes(cache: DynamicCache) -> int:
-    """Bytes of the keys and values cached now: the entries, not a slot layer's free slots."""
-    return sum(_bytes(keys, values) for keys, values in layer_tensors(cache))
+    """Bytes of the keys and values cached now: the entries, not a slot layer's free slots or a padded layer's pad."""
+    return sum(
+        layer.entry_bytes() if isinstance(layer, PaddedHeadsLayer) else _bytes(layer.keys, layer.values)
+        for layer in cache.layers
+        if layer.keys is not None
+    )
 
 
 def held_bytes(cache: DynamicCache) -> int:
     """Bytes the cache's buffers hold now, free slots included (a ragged layer holds exactly its entries)."""
     return sum(
-        layer.held_bytes() if isinstance(layer, SlotLayer) else _bytes(layer.keys, layer.values)
+        layer.held_bytes() if isinstance(layer, SlotLayer | PaddedHeadsLayer) else _bytes(layer.keys, layer.values)
         for layer in cache.layers
         if layer.keys is not None
     )

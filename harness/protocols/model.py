@@ -38,6 +38,7 @@ def run_on_model(
     diagnostics: bool,
     todo: list[Example],
     profile: bool = False,
+    numerics: int = 1,
 ) -> Iterator[list[tuple[Example, Outcome]]]:
     """The outcome of every example of ``todo``, as each finishes (in batches of one).
 
@@ -45,12 +46,13 @@ def run_on_model(
     outcomes come as examples finish, not in order. With ``diagnostics`` every outcome carries its
     per-step retention trace (decode then computes attention weights at every step, so its timings
     are not comparable with a plain run's: such runs have their own run id). ``profile`` times the
-    method and the gathers apart at every step (``Engine.profile``).
+    method and the gathers apart at every step (``Engine.profile``); ``numerics`` is ``Engine.numerics``.
     """
-    engine = Engine(model, method, sampling, tokenizer=tokenizer, profile=profile)
+    engine = Engine(model, method, sampling, tokenizer=tokenizer, profile=profile, numerics=numerics)
     # Attached before the first sequence: the recorder wraps the method's scorer.
     recorder = RetentionRecorder.attach(engine) if diagnostics else None
-    context = Context(task, tokenizer, stop_token_ids(model, tokenizer), seed, Engine(model, FullCache(), sampling))
+    answering = Engine(model, FullCache(), sampling, numerics=numerics)
+    context = Context(task, tokenizer, stop_token_ids(model, tokenizer), seed, answering)
     runner = RUNNERS[task.protocol](context)
     for number, generations in engine.generate_groups([runner.requests(e) for e in todo], batch_size):
         example = todo[number]

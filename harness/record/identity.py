@@ -7,6 +7,7 @@ the ``Identity`` every record carries in full. Everything that changes an output
   a matrix product over several rows sums in another order than over one, so a batched
   sequence's logits, scores and in principle its tokens differ in their last bits from batch
   1's (a near-tie in a keep set can flip). Batch 1 adds nothing, so its ids are unchanged;
+- the engine's ``numerics`` when it is not the reference (1), for the same reason;
 - every method parameter, a checkpoint file's content, the diagnostics and profile switches;
 - the task's protocol (local data files by their content, ``tasks.digest``), and sampling
   when it is not greedy; rho and the seed have their own parts.
@@ -57,7 +58,7 @@ class Identity:
 
     Parameters:
         model: the model's outputs-relevant fields on its device (``ModelSpec.identity``), plus
-            ``batch_size`` above 1; empty for tasks that need no model.
+            ``batch_size`` above 1 and ``numerics`` above 1; empty for tasks that need no model.
         model_variant: what of those differs from the preset on a CPU at batch 1 (hashed into the run id).
         method: every method parameter, checkpoint digests, the diagnostics and profile switches.
         task: the task's protocol, plus sampling when not greedy.
@@ -97,6 +98,8 @@ def identify(cfg: DictConfig, task: Task, spec: ModelSpec | None) -> tuple[RunId
         model = spec.identity(device)
         if cfg.batch_size > 1:
             variant["batch_size"] = model["batch_size"] = cfg.batch_size
+        if cfg.numerics != 1:
+            variant["numerics"] = model["numerics"] = cfg.numerics
         identity = Identity(model, variant, method, task_identity)
         model_name = spec.name
     run = RunId(
@@ -141,6 +144,7 @@ def saved_config(folder: Path) -> DictConfig:
     cfg = OmegaConf.create(_moved(OmegaConf.to_container(OmegaConf.load(folder / "config.yaml"))))
     cfg.rho = canonical_rho(cfg.rho)
     cfg.setdefault("batch_size", 1)
+    cfg.setdefault("numerics", 1)
     return cfg
 
 
