@@ -19,6 +19,9 @@ query and 8 KV heads of 128; the widths that only size the products are cut, whi
 and whether the step compiles as one graph that never recompiles (``compiled``: the CPU's proxy of
 CUDA-graph capture; ``eager`` where the method has no static steady state, or at batch > 1).
 
+``--numerics 1 2`` runs the ``--ops`` table and the batch table under each of the engine's numerics
+(``harness.decode.engine.NUMERICS``; 1 alone by default).
+
 With ``--kvpress <python of an environment with kvpress>`` (kvpress pins its own transformers:
 ``scripts/kvpress_decode.py`` says how to make one) it also runs kvpress's decode-time press,
 ``DecodingPress(KnormPress)`` compressing to B every step and every 16 steps, on the same prompt,
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import subprocess
@@ -158,9 +162,15 @@ def run(
 
 
 def batch_run(
-    model_name: str, lengths: list[int], rhos: list[float], methods: list[str], new_tokens: int, sizes: list[int]
+    model_name: str,
+    lengths: list[int],
+    rhos: list[float],
+    methods: list[str],
+    new_tokens: int,
+    sizes: list[int],
+    numerics: list[int] = (1,),
 ) -> pd.DataFrame:
-    """Decode throughput of the same N prompts at each batch size (N = the largest size).
+    """Decode throughput of the same N prompts at each batch size (N = the largest size), under each ``numerics``.
 
     Every sequence decodes exactly ``new_tokens`` (no stop token), so sequences that start together
     end together and the decode wall time of a batch is any member's ``decode_s``: the throughput
@@ -175,20 +185,21 @@ def batch_run(
         examples = RulerTask(tasks=["niah_single_1"], lengths=[length], n=count).examples(tokenizer)
         requests = [Request(example.input_ids, new_tokens) for example in examples]
         for rho in rhos:
-            for name in methods:
-                engine = Engine(model, bench_method(name, rho), tokenizer=tokenizer)
+            for name, number in itertools.product(methods, numerics):
+                engine = Engine(model, bench_method(name, rho), tokenizer=tokenizer, numerics=number)
                 for size in sizes:
                     done = [generation for _, generation in engine.generate_batch(enumerate(requests), size)]
                     steps = sum(generation.new_tokens - 1 for generation in done)
                     seconds = sum(generation.decode_s for generation in done) / size
-                    rows.append({"length": length, "rho": rho, "method": name, "batch_size": size,
+                    rows.append({"length": length, "rho": rho, "method": name, "numerics": number, "batch_size": size,
                                  "sequences": len(done), "decode_tok_s": steps / seconds})  # fmt: skip
                     print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
-    alone = table[table.batch_size == min(sizes)].set_index(["length", "rho", "method"]).decode_tok_s
+    keys = ["length", "rho", "method", "numerics"]
+    alone = table[table.batch_size == min(sizes)].set_index(keys).decode_tok_s
     table[f"x_batch{min(sizes)}"] = [
         speed / alone[key]
-        for speed, key in zip(table.decode_tok_s, zip(table.length, table.rho, table.method, strict=True), strict=True)
+        for speed, key in zip(table.decode_tok_s, table[keys].itertuples(index=False, name=None), strict=True)
     ]
     return table
 
@@ -337,7 +348,9 @@ def main() -> None:
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled generation of the shares")
     parser.add_argument("--ops", action="store_true", help="count kernels and host syncs per steady step instead")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="--ops: the model's dtypes")
-    parser.add_argument("--numerics", type=int, nargs="+", default=[1], help="--ops: the engine's numerics (1, 2)")
+    parser.add_argument(
+        "--numerics", type=int, nargs="+", default=[1], help="--ops and the batch table: the engine's numerics (1, 2)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -354,7 +367,9 @@ def main() -> None:
         print(f"{header} repeats={args.repeats}")
         print(table.round(3).to_string(index=False))
     if args.batch_sizes:
-        table = batch_run(args.model, args.lengths, args.rhos, args.methods, args.new_tokens, args.batch_sizes)
+        table = batch_run(
+            args.model, args.lengths, args.rhos, args.methods, args.new_tokens, args.batch_sizes, args.numerics
+        )
         print(f"{header} batch sizes={args.batch_sizes}")
         print(table.round(3).to_string(index=False))
     if args.kvpress:

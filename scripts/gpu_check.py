@@ -4,7 +4,8 @@ Every check runs, whatever an earlier one gave, and prints PASS, FAIL or INFO wi
 summary at the end lists them. On Llama-3.1-8B's geometry with random weights (no hub):
 
 - ``sync-free``: the steady steps of every decode-time method run under
-  ``torch.cuda.set_sync_debug_mode("error")`` (a host sync inside a step raises);
+  ``torch.cuda.set_sync_debug_mode("error")`` (a host sync inside a step raises), and batch 8's steps of
+  full, SnapKV and InertiaKV;
 - ``kernels``: the profiler's kernel launches per steady step, per method;
 - ``bf16-fp32``: the Jaccard of the final kept sets in bf16 against fp32 (random weights, so near-ties
   are many: a figure to watch, not a verdict);
@@ -90,6 +91,16 @@ def sync_free(lm: Any, ids: list[int], name: str, device: str) -> tuple[bool | N
     return (True if device == "cuda" else None), f"{generation.new_tokens} tokens, steps 8+ under sync debug mode"
 
 
+def sync_free_batch(lm: Any, ids: list[int], name: str, device: str) -> tuple[bool | None, str]:
+    """Batch 8 from its 8th step on under sync debug mode: rows fed, positioned and (under ``numerics`` 2, for a
+    cache that only appends) written and attended on the device."""
+    engine = Engine(lm, FullCache() if name == "full" else bench_method(name, RHO), **ENGINE)
+    if device == "cuda":
+        engine.around_step = lambda step: _SyncsAreErrors() if step >= 8 else contextlib.nullcontext()
+    done = list(engine.generate_batch(enumerate([Request(ids, 48)] * 8), 8))
+    return (True if device == "cuda" else None), f"{len(done)} sequences, batch steps 8+ under sync debug mode"
+
+
 def kernels_per_step(lm: Any, ids: list[int], name: str) -> tuple[bool | None, str]:
     counted: list[int] = []
 
@@ -173,6 +184,8 @@ def main() -> None:
     short, long = prompt(args.short, vocab), prompt(args.length, vocab)
     for name in DECODE_METHODS:
         check(f"sync-free {name}", lambda name=name: sync_free(bf16, short, name, args.device))
+    for name in ("full", "snapkv", "inertia"):
+        check(f"sync-free {name} batch 8", lambda name=name: sync_free_batch(bf16, short[:2048], name, args.device))
     for name in ("full", *DECODE_METHODS):
         check(f"kernels {name}", lambda name=name: kernels_per_step(bf16, short, name))
     low = {name: kept_sets(bf16, short, name) for name in DECODE_METHODS}

@@ -16,7 +16,7 @@ from harness.decode import kv_cache
 from harness.decode.attention import AttentionCall
 from harness.decode.counting import counting
 from harness.decode.engine import Engine, Request
-from harness.decode.evicting_attention import _padded, ragged_single_query_attention
+from harness.decode.evicting_attention import BatchState, _batched, _padded, ragged_single_query_attention
 from harness.models import load_model, load_tokenizer
 
 LENGTHS = [5, 2, 7]
@@ -148,3 +148,73 @@ def test_padded_layers_batched_give_the_records_of_batch_one(tiny_models, extra)
     requests = [Request(ids, 12 + 2 * i, seed=i) for i, ids in enumerate(prompts(5))]
     alone, batched = alone_and_batched(engine, requests, 3)
     assert [figures(g) for g in alone] == [figures(batched[i]) for i in range(len(requests))]
+
+
+def slot_caches(model, lengths: list[int], capacity: int = 12) -> list:
+    caches = []
+    for seed, length in enumerate(lengths):
+        cache = kv_cache.new_cache(model, capacity, capacity)
+        for layer in cache.layers:
+            generator = torch.Generator().manual_seed(seed)
+            layer.update(torch.randn(1, 2, length, 16, generator=generator), torch.randn(1, 2, length, 16))
+        caches.append(cache)
+    return caches
+
+
+def test_shared_slots_hold_each_rows_entries_in_views_and_append_at_each_rows_and_heads_own_slot(tiny_models):
+    caches = slot_caches(tiny_models["tiny_llama"], [3, 7, 5])
+    # Row 2's first layer has heads of different counts.
+    padded = kv_cache.PaddedHeadsLayer(*heads([5, 2], dim=16), room=4)
+    caches[2].layers[0] = padded
+    before = [[(layer.keys.clone(), layer.held_bytes()) for layer in cache.layers] for cache in caches]
+    shared = kv_cache.SharedSlots(caches)
+    assert shared.holds(caches) and not shared.holds(caches[::-1])
+    for cache, layers in zip(caches, before, strict=True):
+        for layer, (keys, held) in zip(cache.layers, layers, strict=True):
+            assert torch.equal(layer.keys, keys) and layer.held_bytes() == held
+    new = torch.randn(3, 2, 1, 16)
+    keys, _ = shared.append(0, new, new)
+    assert keys.shape == (3, 2, 8, 16) and shared.filled[0].tolist() == [[4, 4], [8, 8], [6, 3]]
+    for row, cache in enumerate(caches[:2]):
+        layer = cache.layers[0]
+        assert layer.length == [4, 8][row] and torch.equal(layer.keys[0, :, -1], new[row, :, 0])
+    assert padded.lengths == [6, 3] and padded.filled.tolist() == [6, 3]
+    assert [head[0, -1].tolist() for head in padded.heads()[0]] == new[2, :, 0].tolist()
+    # A row that outgrows its slots reallocates: the buffer no longer holds it.
+    caches[1].layers[2].update(torch.randn(1, 2, 6, 16), torch.randn(1, 2, 6, 16))
+    assert not shared.holds(caches)
+
+
+def shared_step_kernels(model, rows: int) -> int:
+    """Kernels of one shared append and one attention call over ``rows`` rows of different lengths."""
+    caches = slot_caches(model, [3 + 2 * row for row in range(rows)], capacity=20)
+    assert kv_cache.SharedSlots.fits(caches)
+    shared = kv_cache.SharedSlots(caches)
+    module = torch.nn.Module()
+    module.layer_idx, module.num_key_value_groups, module.is_causal = 0, 2, True
+    new = torch.randn(rows, 2, 1, 16)
+    batch = BatchState([], shared)
+    with counting() as counts:
+        keys, values = shared.append(0, new, new)
+        _batched(batch, AttentionCall(module, torch.randn(rows, 4, 1, 16), keys, values, None, 0.25, {}))
+    assert counts.sync_count == 0
+    return sum(counts.kernels.values())
+
+
+def test_a_shared_batch_step_runs_as_many_kernels_in_its_layers_whatever_the_rows(tiny_models):
+    assert shared_step_kernels(tiny_models["tiny_llama"], 2) == shared_step_kernels(tiny_models["tiny_llama"], 6)
+
+
+@pytest.mark.parametrize("name", ["full", "snapkv", "keydiff", "adakv_ea", "kvzip"])
+def test_rows_that_only_append_share_one_buffer_and_give_the_records_of_batch_one(tiny_models, monkeypatch, name):
+    # Slot layers (full, SnapKV, KeyDiff) and padded heads (AdaKV+EA, KVzip) alike.
+    appended = []
+    original = kv_cache.SharedSlots.append
+    monkeypatch.setattr(kv_cache.SharedSlots, "append", lambda self, *a: appended.append(1) or original(self, *a))
+    tokenizer = load_tokenizer(model_spec("tiny_llama"))
+    method = named_method(name, "rho=0.5")
+    engine = Engine(tiny_models["tiny_llama"], method, tokenizer=tokenizer, numerics=2, token_lag=4)
+    requests = [Request(ids, 14 + 3 * i, seed=i) for i, ids in enumerate(prompts())]
+    alone, batched = alone_and_batched(engine, requests, 3)
+    assert [figures(g) for g in alone] == [figures(batched[i]) for i in range(len(requests))]
+    assert len(appended) > 3 * 20  # three layers, most batch steps

@@ -178,13 +178,18 @@ def test_one_refill_serves_every_layer(tiny_models):
 
 
 @pytest.mark.parametrize("token_lag", [0, 4])
-@pytest.mark.parametrize("name", ["full", "inertia", "score_free", "adakv_ea"])
-def test_a_batch_step_reads_its_rows_tokens_late_or_in_one_host_read(tiny_models, name, token_lag):
-    # The batch step still loops over rows inside, but feeds their tokens from the device. Read at once, the rows'
-    # tokens come back in one read; read late, as their steps would be alone, in none.
+@pytest.mark.parametrize(
+    "name,numerics",
+    [(name, 1) for name in ("full", "inertia", "score_free", "adakv_ea")]
+    + [("full", 2), ("snapkv", 2), ("adakv_ea", 2)],
+)
+def test_a_batch_step_reads_its_rows_tokens_late_or_in_one_host_read(tiny_models, name, numerics, token_lag):
+    # The batch step feeds its rows' tokens from the device (and under numerics 2 a step that only appends writes
+    # and attends all rows at once). Read at once, the rows' tokens come back in one read; read late, as their
+    # steps would be alone, in none.
     model = tiny_models["tiny_llama"]
     steps: list = []
-    engine = Engine(model, named_method(name, "rho=0.5"), token_lag=token_lag)
+    engine = Engine(model, named_method(name, "rho=0.5"), token_lag=token_lag, numerics=numerics)
     engine.around_step = lambda step: _Steps(steps, step)
     requests = [Request(prompt(seed=seed), 30) for seed in range(4)]
     list(engine.generate_batch(enumerate(requests), 4))

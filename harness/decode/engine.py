@@ -280,6 +280,10 @@ class Engine:
         pending = iter(requests)
         free = [self.method, *(copy.deepcopy(self.method) for _ in range(batch_size - 1))]
         active: list[tuple[Key, _Sequence]] = []
+        shared: kv_cache.SharedSlots | None = None
+        # The rows' positions on the device: built from the host when the rows change (a copy to the device,
+        # which waits on a GPU), else advanced there by one.
+        placed: tuple[list[_Sequence], Tensor] | None = None
         batch_step = 0
         while True:
             while free and (item := next(pending, None)) is not None:
@@ -301,9 +305,14 @@ class Engine:
                 # reads it so here; the others are read together, once per step.
                 late = [sequence.reads_late() for sequence in sequences]
                 positions = [sequence.next_step() for sequence in sequences]
+                if placed is not None and placed[0] == sequences:
+                    placed[1].add_(1)
+                else:
+                    placed = (sequences, torch.tensor([[position] for position in positions], device=self.device))
                 tokens = torch.cat([sequence.token_t for sequence in sequences])
-                with EVICTING.active(BatchState([sequence.state for sequence in sequences])):
-                    logits = self._forward_batch(tokens, positions, [sequence.cache for sequence in sequences])
+                shared = self._shared(sequences, shared)
+                with EVICTING.active(BatchState([sequence.state for sequence in sequences], shared)):
+                    logits = self._forward_batch(tokens, placed[1], [s.cache for s in sequences], shared)
                 unread = [(s, late[row]) for row, s in enumerate(sequences) if s.end_step(logits[row], False)]
                 if lagging := [sequence for sequence, lags in unread if lags]:
                     tokens = torch.cat([sequence.token_t for sequence in lagging]).view(-1)
@@ -335,10 +344,21 @@ class Engine:
                 got = done.pop(number)
                 yield number, [got[i] for i in range(len(got))]
 
-    def _forward_batch(self, input_ids: Tensor, positions: list[int], caches: list[object]) -> Tensor:
-        """One decode step of several sequences: row i feeds ``input_ids[i]`` (on the device) at ``positions[i]``."""
-        position_ids = torch.tensor([[position] for position in positions], device=self.device)
-        cache = kv_cache.batch_cache(self.model, caches)
+    def _shared(self, sequences: list[_Sequence], current: kv_cache.SharedSlots | None) -> kv_cache.SharedSlots | None:
+        """Under ``numerics`` 2, the rows' slot layers as one buffer per layer when this step only appends to
+        every row's cache (``current`` while it still holds them); else None, and each row is served alone."""
+        if self.numerics < 2 or not all(sequence.only_appends() for sequence in sequences):
+            return None
+        caches = [sequence.cache for sequence in sequences]
+        if current is not None and current.holds(caches):
+            return current
+        return kv_cache.SharedSlots(caches) if kv_cache.SharedSlots.fits(caches) else None
+
+    def _forward_batch(
+        self, input_ids: Tensor, position_ids: Tensor, caches: list[object], shared: kv_cache.SharedSlots | None
+    ) -> Tensor:
+        """One decode step of several sequences: row i feeds ``input_ids[i]`` at ``position_ids[i]`` (on the device)."""
+        cache = kv_cache.batch_cache(self.model, caches, shared)
         output = self.model(
             input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True, logits_to_keep=1
         )
@@ -438,6 +458,8 @@ class _Sequence:
         self.token_t = torch.zeros(1, 1, dtype=torch.long, device=engine.device)
         self.position_t = torch.zeros((), dtype=torch.long, device=engine.device)
         self.loop: SteadyLoop | None = None
+        # Whether no layer has a logit bias, asked once the cache only appends (a bias no longer changes then).
+        self.unbiased: bool | None = None
         self.reader = TokenReader(engine.device, engine.token_lag)
         self.stopped = False
 
@@ -488,6 +510,16 @@ class _Sequence:
         """Whether the host may read the next step's token ``lag`` steps late, as ``generate`` does: a cache that
         only grows is cut back after the steps run past a stop, and a steady step runs past it alone too."""
         return self.reader.lag > 0 and (self.method.appends_only() or self.steady_ready())
+
+    def only_appends(self) -> bool:
+        """Whether this step only appends to the cache: the method evicts and masks nothing more
+        (``appends_only``), and neither observes nor scores the step."""
+        driver = self.state.driver
+        if driver.observing or driver.attention or not self.method.appends_only():
+            return False
+        if self.unbiased is None:
+            self.unbiased = all(driver.bias(layer) is None for layer in range(self.engine.num_layers))
+        return self.unbiased
 
     def steady_ready(self) -> bool:
         """Whether the next step is a steady one (``harness.decode.steady``): the method's static loop,

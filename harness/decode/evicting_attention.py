@@ -7,7 +7,8 @@ explicitly, used for the output *and* handed to the method, so scoring costs no 
 attention pass. A ragged layer (its KV heads hold different counts) is attended head by head, or,
 stored padded (``numerics`` 2), in one masked pass.
 Every other call (the prefill, steps without scoring) goes to SDPA; a decode step of several
-sequences (``BatchState``) serves each row alone, over its own cache; a prefill the
+sequences (``BatchState``) serves each row alone, over its own cache, or all rows in one masked
+pass where their caches share one buffer per layer (``numerics`` 2, a step that only appends); a prefill the
 method observes calls SDPA's CPU flash kernel directly, for the rows' log-normalisers it also
 returns (the prompt votes' fused pass, ``harness.decode.attention.causal_column_mass``).
 
@@ -64,13 +65,23 @@ class StepState:
 @dataclass
 class BatchState:
     """The state of one decode forward of several sequences (``Engine.generate_batch``): one ``StepState``
-    per batch row, each with its own driver and cache."""
+    per batch row, each with its own driver and cache, and ``shared`` when the rows' caches are one buffer
+    per layer (``kv_cache.SharedSlots``: a step that only appends, ``numerics`` 2)."""
 
     states: list[StepState]
+    shared: kv_cache.SharedSlots | None = None
 
 
 def _batched(batch: BatchState, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
-    """Each row's query attends to its own sequence's cache, exactly as when that sequence decodes alone."""
+    """Each row's query attends to its own sequence's cache, exactly as when that sequence decodes alone; or,
+    over shared slots, every row at once, masked past each row's own entries."""
+    if batch.shared is not None:
+        rows, kv_heads, length, _ = call.key.shape
+        filled = batch.shared.filled[call.layer]
+        free = torch.arange(length, device=call.key.device) >= filled[..., None]
+        # Each query head reads its KV head's mask (repeat_interleave would read its size on the host).
+        mask = ~free[:, :, None, :].expand(rows, kv_heads, call.query.shape[1] // kv_heads, length)
+        return dataclasses.replace(call, mask=mask.reshape(rows, -1, 1, length)).sdpa()[0], None
     outputs = []
     for row, state in enumerate(batch.states):
         key, value = kv_cache.entries(state.cache, call.layer)

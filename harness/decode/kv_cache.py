@@ -123,15 +123,44 @@ class SlotLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         needed = self.length + key_states.shape[-2]
-        if self.counting:
-            self.arrived += key_states.shape[-2]
+        self.arrive(key_states.shape[-2])
         if needed > self.capacity:
             self._allocate(self.keys, self.values, needed + max(self.limit - self.arrived, 0))
         self._keys[..., self.length : needed, :] = key_states
         self._values[..., self.length : needed, :] = value_states
-        self.length = needed
-        self._views()
+        self.appended(key_states.shape[-2])
         return self.keys, self.values
+
+    def appended(self, count: int, shared: bool = False) -> None:
+        """``count`` entries were written into the next free slots (here, or by ``SharedSlots``, ``shared``)."""
+        if shared:
+            self.arrive(count)
+        self.length += count
+        self._views()
+
+    def slot_count(self) -> int:
+        return self.capacity
+
+    def head_counts(self) -> list[int]:
+        """Entries per KV head."""
+        return [self.length] * self._keys.shape[1]
+
+    def has_room(self) -> bool:
+        """Whether one more entry fits without reallocating."""
+        return self.length < self.capacity
+
+    def share(self, keys: Tensor, values: Tensor, filled: Tensor) -> None:
+        """Move into ``keys``/``values``, its row ``(batch, kv_heads, C, D)`` of a ``SharedSlots`` buffer (``filled``
+        counts its entries there)."""
+        keys[..., : self.length, :] = self.keys
+        values[..., : self.length, :] = self.values
+        self._keys, self._values = keys[..., : self.capacity, :], values[..., : self.capacity, :]
+        self._views()
+
+    def arrive(self, count: int) -> None:
+        """``count`` tokens arrive (counted towards ``limit``, outside the steady state)."""
+        if self.counting:
+            self.arrived += count
 
     def refill(self, slots: Tensor) -> None:
         """Slot ``slots[h]`` of each KV head (``(kv_heads, 1)``, or ``(1, 1)`` for all) takes the entry of the
@@ -202,22 +231,89 @@ class ModelSlots:
             layer._views()
 
 
+class SharedSlots:
+    """The layers of several sequences in one buffer per layer, ``(rows, kv_heads, C, head_dim)``, for batch steps
+    that only append (``numerics`` 2).
+
+    Each sequence's layer (a ``SlotLayer`` or a ``PaddedHeadsLayer``) moves into its row, up to its own
+    size, so its lengths, entries and held bytes stay its own. A step writes every row's entry with one
+    write per layer at each row's and head's ``filled`` count (``append``), and attention reads all rows
+    in one pass masked past those counts, where a batch step otherwise serves each row alone. Made when
+    the rows change; a row layer that reallocates (it outgrew its slots) leaves it, and ``holds`` then
+    says so.
+    """
+
+    def __init__(self, caches: Sequence[DynamicCache]) -> None:
+        self.caches = list(caches)
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.filled: list[Tensor] = []
+        for layer in range(len(self.caches[0].layers)):
+            members = [cache.layers[layer] for cache in self.caches]
+            shape = members[0]._keys.shape
+            size = max(member.slot_count() for member in members)
+            keys = members[0]._keys.new_zeros(len(members), shape[1], size, shape[-1])
+            values = members[0]._values.new_zeros(len(members), shape[1], size, members[0]._values.shape[-1])
+            filled = torch.tensor([member.head_counts() for member in members], device=keys.device)
+            for row, member in enumerate(members):
+                member.share(keys[row : row + 1], values[row : row + 1], filled[row])
+            self.keys.append(keys)
+            self.values.append(values)
+            self.filled.append(filled)
+        self._rows = torch.arange(len(self.caches), device=self.keys[0].device)[:, None]
+        self._heads = torch.arange(self.keys[0].shape[1], device=self.keys[0].device)[None, :]
+
+    @staticmethod
+    def fits(caches: Sequence[DynamicCache]) -> bool:
+        """Whether every layer of ``caches`` can share (a slot or padded layer) and has room for one more entry."""
+        return all(isinstance(layer, SHAREABLE) and layer.has_room() for cache in caches for layer in cache.layers)
+
+    def holds(self, caches: Sequence[DynamicCache]) -> bool:
+        """Whether these are its rows, every layer still in its buffer with room for one more entry."""
+        return [id(cache) for cache in caches] == [id(cache) for cache in self.caches] and all(
+            _shares(layer._keys, self.keys[index]) and layer.has_room()
+            for cache in caches
+            for index, layer in enumerate(cache.layers)
+        )
+
+    def append(self, layer: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
+        """Write row r's ``(rows, kv_heads, 1, head_dim)`` entry into each head h's slot ``filled[r, h]``: the rows'
+        keys and values up to the longest head."""
+        filled = self.filled[layer]
+        self.keys[layer][self._rows, self._heads, filled] = key_states[:, :, 0]
+        self.values[layer][self._rows, self._heads, filled] = value_states[:, :, 0]
+        filled += 1
+        members = [cache.layers[layer] for cache in self.caches]
+        for member in members:
+            member.appended(1, shared=True)
+        longest = max(member.get_seq_length() for member in members)
+        return self.keys[layer][..., :longest, :], self.values[layer][..., :longest, :]
+
+
+def _shares(view: Tensor, buffer: Tensor) -> bool:
+    """Whether ``view`` lives in ``buffer``'s memory (under inference mode a view keeps no ``_base``)."""
+    return view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+
+
 class BatchLayer(DynamicLayer):
     """Layer l of several sequences decoding together: row i of a step's keys and values joins sequence
     i's own layer, which keeps its own length, slots and ragged heads.
 
     ``update`` returns the step's new rows only: the engine's attention reads each sequence's entries
-    from its own cache (``entries``), so sequences of different lengths need no padding.
+    from its own cache (``entries``), so sequences of different lengths need no padding. With ``shared``
+    (``SharedSlots``), the rows' entries are written in one go and their padded buffers returned.
     """
 
-    def __init__(self, members: list[DynamicLayer]) -> None:
+    def __init__(self, members: list[DynamicLayer], layer: int, shared: SharedSlots | None = None) -> None:
         super().__init__()
-        self.members = members
+        self.members, self.layer, self.shared = members, layer, shared
         self.is_initialized = True
 
     def update(
         self, key_states: Tensor, value_states: Tensor, *args: object, **kwargs: object
     ) -> tuple[Tensor, Tensor]:
+        if self.shared is not None:
+            return self.shared.append(self.layer, key_states, value_states)
         for row, member in enumerate(self.members):
             member.update(key_states[row : row + 1], value_states[row : row + 1])
         return key_states, value_states
@@ -226,10 +322,15 @@ class BatchLayer(DynamicLayer):
         return max(member.get_seq_length() for member in self.members)
 
 
-def batch_cache(model: PreTrainedModel, caches: Sequence[DynamicCache]) -> DynamicCache:
-    """One cache for a forward of several sequences, each writing into and reading from its own ``caches[i]``."""
+def batch_cache(
+    model: PreTrainedModel, caches: Sequence[DynamicCache], shared: SharedSlots | None = None
+) -> DynamicCache:
+    """One cache for a forward of several sequences, each writing into and reading from its own ``caches[i]``
+    (through ``shared``'s buffers, when given)."""
     cache = DynamicCache(config=model.config)
-    cache.layers = [BatchLayer([member.layers[layer] for member in caches]) for layer in range(len(cache.layers))]
+    cache.layers = [
+        BatchLayer([member.layers[layer] for member in caches], layer, shared) for layer in range(len(cache.layers))
+    ]
     return cache
 
 
@@ -344,9 +445,35 @@ class PaddedHeadsLayer(DynamicLayer):
         self._keys[:, self._heads, slots] = key_states
         self._values[:, self._heads, slots] = value_states
         self.filled += added
-        self.lengths = [length + added for length in self.lengths]
-        self._views()
+        self.appended(added)
         return self.keys, self.values
+
+    def appended(self, count: int, shared: bool = False) -> None:
+        """``count`` entries were written after each head's last (here, or by ``SharedSlots``, ``shared``: its
+        ``filled`` is then a view of the shared counts, which the writer advanced)."""
+        self.room = max(self.room - count, 0) if shared else self.room
+        self.lengths = [length + count for length in self.lengths]
+        self._views()
+
+    def slot_count(self) -> int:
+        return self._keys.shape[-2]
+
+    def head_counts(self) -> list[int]:
+        """Entries per KV head."""
+        return list(self.lengths)
+
+    def has_room(self) -> bool:
+        """Whether one more entry per head fits without reallocating."""
+        return max(self.lengths) < self._keys.shape[-2]
+
+    def share(self, keys: Tensor, values: Tensor, filled: Tensor) -> None:
+        """Move into ``keys``/``values``, its row ``(batch, kv_heads, C, D)`` of a ``SharedSlots`` buffer, and count
+        its entries in ``filled``, that buffer's row of counts."""
+        size = self._keys.shape[-2]
+        keys[..., :size, :] = self._keys
+        values[..., :size, :] = self._values
+        self._keys, self._values, self.filled = keys[..., :size, :], values[..., :size, :], filled
+        self._views()
 
     def get_seq_length(self) -> int:
         return max(self.lengths)
@@ -374,6 +501,8 @@ class PaddedHeadsLayer(DynamicLayer):
 
 #: The layers whose KV heads hold different counts.
 RAGGED = (RaggedLayer, PaddedHeadsLayer)
+#: The layers ``SharedSlots`` can hold.
+SHAREABLE = (SlotLayer, PaddedHeadsLayer)
 
 
 def padded_heads(cache: DynamicCache, layer: int) -> Tensor | None:
@@ -433,7 +562,8 @@ def evict_layer(cache: DynamicCache, layer: int, index: Tensor | tuple[Tensor, .
     or refill the one slot per head a ``Refill`` names.
 
     Per-head indices of different counts make the layer a ``RaggedLayer``; a ragged layer given
-    equal counts becomes a plain layer again.
+    equal counts becomes a plain layer again. In a cache with padded heads (``new_cache``), per-head
+    indices of any counts make a ``PaddedHeadsLayer``.
     """
     current = cache.layers[layer]
     if isinstance(index, Refill):
@@ -449,19 +579,22 @@ def evict_layer(cache: DynamicCache, layer: int, index: Tensor | tuple[Tensor, .
         current.values = gather_rows(current.values, index)
         return
     if isinstance(index, Tensor) and index.dim() == 1:
-        raise ValueError(f"layer {layer} is ragged: a keep set shared by all KV heads cannot index it")
+        if not (isinstance(current, PaddedHeadsLayer) and len(set(current.lengths)) == 1):
+            raise ValueError(f"layer {layer} is ragged: a keep set shared by all KV heads cannot index it")
+        index = index.expand(len(current.lengths), -1)
     keys, values = _layer_heads(current)
     rows = [row.to(keys[0].device) for row in index]
     kept_keys = [head.index_select(1, row) for head, row in zip(keys, rows, strict=True)]
     kept_values = [head.index_select(1, row) for head, row in zip(values, rows, strict=True)]
     lengths = [row.numel() for row in rows]
-    if len(set(lengths)) == 1:
+    if getattr(cache, PADDED_HEADS, False):
+        # Heads of one count too: the layer keeps its slots for the tokens to come, and a batch can share it.
+        cache.layers[layer] = PaddedHeadsLayer(kept_keys, kept_values, _room(current))
+    elif len(set(lengths)) == 1:
         plain = DynamicLayer()
         plain.lazy_initialization(kept_keys[0], kept_values[0])
         plain.keys, plain.values = torch.stack(kept_keys, dim=1), torch.stack(kept_values, dim=1)
         cache.layers[layer] = plain
-    elif getattr(cache, PADDED_HEADS, False):
-        cache.layers[layer] = PaddedHeadsLayer(kept_keys, kept_values, _room(current))
     else:
         cache.layers[layer] = RaggedLayer(_pack(kept_keys), _pack(kept_values), lengths)
 
