@@ -139,9 +139,12 @@ def check_servable(
 
 
 #: ``numerics``: how a decode step computes, each a fixed rounding (a run id names any but the first).
-#: 1: the reference; a ragged layer's heads packed one after another and attended one by one.
-#: 2: fewer kernels a step; a ragged layer's heads padded to one length (``kv_cache.PaddedHeadsLayer``)
-#: and attended in one masked pass, which sums in another order, so a near-tie in a keep set can flip.
+#: 1: the reference; a ragged layer's heads packed one after another and attended one by one, and a
+#: batch step's rows attended one by one.
+#: 2: fewer kernels a step; a per-head cut's heads padded to one length (``kv_cache.PaddedHeadsLayer``)
+#: and attended in one masked pass, and the rows of a batch step that only appends in one buffer per
+#: layer (``kv_cache.SharedSlots``), attended at once. Such passes sum in another order, so a near-tie
+#: in a keep set can flip.
 NUMERICS = (1, 2)
 
 
@@ -345,7 +348,7 @@ class Engine:
                 yield number, [got[i] for i in range(len(got))]
 
     def _shared(self, sequences: list[_Sequence], current: kv_cache.SharedSlots | None) -> kv_cache.SharedSlots | None:
-        """Under ``numerics`` 2, the rows' slot layers as one buffer per layer when this step only appends to
+        """Under ``numerics`` 2, the rows' layers as one buffer per layer when this step only appends to
         every row's cache (``current`` while it still holds them); else None, and each row is served alone."""
         if self.numerics < 2 or not all(sequence.only_appends() for sequence in sequences):
             return None

@@ -8,9 +8,9 @@ attention pass. A ragged layer (its KV heads hold different counts) is attended 
 stored padded (``numerics`` 2), in one masked pass.
 Every other call (the prefill, steps without scoring) goes to SDPA; a decode step of several
 sequences (``BatchState``) serves each row alone, over its own cache, or all rows in one masked
-pass where their caches share one buffer per layer (``numerics`` 2, a step that only appends); a prefill the
-method observes calls SDPA's CPU flash kernel directly, for the rows' log-normalisers it also
-returns (the prompt votes' fused pass, ``harness.decode.attention.causal_column_mass``).
+pass where their caches share one buffer per layer (``numerics`` 2, a step that only appends); a
+prefill the method observes calls SDPA's CPU flash kernel directly, for the rows' log-normalisers it
+also returns (the prompt votes' fused pass, ``harness.decode.attention.causal_column_mass``).
 
 Prefill-time calls may evict: a method that decides layer by layer gets the layer right after
 its observation and the layer's cache is cut before the next layer runs. A context-reconstruction
@@ -76,12 +76,9 @@ def _batched(batch: BatchState, call: AttentionCall) -> tuple[Tensor, Tensor | N
     """Each row's query attends to its own sequence's cache, exactly as when that sequence decodes alone; or,
     over shared slots, every row at once, masked past each row's own entries."""
     if batch.shared is not None:
-        rows, kv_heads, length, _ = call.key.shape
         filled = batch.shared.filled[call.layer]
-        free = torch.arange(length, device=call.key.device) >= filled[..., None]
-        # Each query head reads its KV head's mask (repeat_interleave would read its size on the host).
-        mask = ~free[:, :, None, :].expand(rows, kv_heads, call.query.shape[1] // kv_heads, length)
-        return dataclasses.replace(call, mask=mask.reshape(rows, -1, 1, length)).sdpa()[0], None
+        free = torch.arange(call.key.shape[2], device=call.key.device) >= filled[..., None]
+        return dataclasses.replace(call, mask=_sdpa_mask(free, call.query.shape[1])).sdpa()[0], None
     outputs = []
     for row, state in enumerate(batch.states):
         key, value = kv_cache.entries(state.cache, call.layer)
@@ -148,6 +145,16 @@ def ragged_single_query_attention(
     return torch.cat(outputs).view(1, 1, heads, dim), tuple(weights)
 
 
+def _sdpa_mask(free: Tensor, query_heads: int) -> Tensor:
+    """SDPA's boolean mask ``(rows, H, 1, T)`` from ``free`` ``(rows, Hkv, T)``, True past a KV head's entries.
+
+    Each query head reads its KV head's row: expanded, as ``repeat_interleave`` would read its size on the host.
+    """
+    rows, kv_heads, length = free.shape
+    grouped = free[:, :, None, :].expand(rows, kv_heads, query_heads // kv_heads, length)
+    return ~grouped.reshape(rows, query_heads, 1, length)
+
+
 def _padded(
     call: AttentionCall, filled: Tensor, lengths: list[int], bias: tuple[Tensor, ...] | None, scored: bool
 ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
@@ -163,10 +170,7 @@ def _padded(
         pad = [torch.nn.functional.pad(row.float(), (0, key.shape[2] - row.numel())) for row in bias]
         mask = torch.stack(pad).masked_fill(free, -torch.inf)
     elif not scored:
-        # Each query head reads its KV head's mask; expanded, as repeat_interleave would read its size on the host.
-        shape = (key.shape[1], call.query.shape[1] // key.shape[1], key.shape[2])
-        mask = ~free[:, None, :].expand(shape).reshape(-1, key.shape[2])
-        return dataclasses.replace(call, mask=mask[None, :, None, :]).sdpa()[0], None
+        return dataclasses.replace(call, mask=_sdpa_mask(free[None], call.query.shape[1])).sdpa()[0], None
     else:
         mask = torch.where(free, -torch.inf, 0.0)
     output, weights = single_query_attention(call.query, key, call.value, call.scaling, mask)

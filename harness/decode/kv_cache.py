@@ -397,7 +397,8 @@ class RaggedLayer(DynamicLayer):
 class PaddedHeadsLayer(DynamicLayer):
     """A ragged layer in one buffer ``(batch, kv_heads, capacity, head_dim)``, head h's first ``lengths[h]`` slots used.
 
-    The ragged layout of ``numerics`` 2 (``new_cache``). A step appends to every head with one write
+    What a per-head cut makes under ``numerics`` 2 (``new_cache``), whatever the heads' counts, so a
+    batch can share it (``SharedSlots``). A step appends to every head with one write
     at each head's next slot, and attention reads all heads in one masked pass
     (``harness.decode.evicting_attention``), where the packed ``RaggedLayer`` is copied whole at every
     append and attended head by head: a few kernels a layer instead of several per head. The cost
