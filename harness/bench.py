@@ -39,6 +39,7 @@ import itertools
 import json
 import math
 import subprocess
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,7 @@ def batch_run(
     methods: list[str],
     new_tokens: int,
     sizes: list[int],
-    numerics: list[int] = (1,),
+    numerics: Sequence[int] = (1,),
 ) -> pd.DataFrame:
     """Decode throughput of the same N prompts at each batch size (N = the largest size), under each ``numerics``.
 
@@ -305,7 +306,7 @@ class _CountCompiles(contextlib.AbstractContextManager):
 
 
 def ops_table(
-    methods: list[str], dtypes: list[str], batch_sizes: list[int], numerics: list[int], length: int = 512
+    methods: list[str], dtypes: list[str], batch_sizes: list[int], numerics: Sequence[int], length: int = 512
 ) -> str:
     """The ``--ops`` table in Markdown, one block of rows per dtype and ``numerics`` (``Engine.numerics``)."""
     lines = [

@@ -95,7 +95,7 @@ def sync_free(lm: Any, ids: list[int], name: str, device: str) -> tuple[bool | N
 def sync_free_batch(lm: Any, ids: list[int], name: str, device: str) -> tuple[bool | None, str]:
     """Batch 8 from its 8th step on under sync debug mode: rows fed, positioned and (under ``numerics`` 2, for a
     cache that only appends) written and attended on the device."""
-    engine = Engine(lm, FullCache() if name == "full" else bench_method(name, RHO), **ENGINE)
+    engine = Engine(lm, bench_method(name, RHO), **ENGINE)
     if device == "cuda":
         engine.around_step = lambda step: _SyncsAreErrors() if step >= 8 else contextlib.nullcontext()
     done = list(engine.generate_batch(enumerate([Request(ids, 48)] * 8), 8))
@@ -108,7 +108,7 @@ def kernels_per_step(lm: Any, ids: list[int], name: str) -> tuple[bool | None, s
     def around(step: int) -> contextlib.AbstractContextManager:
         return _Profiled(counted) if step in (24, 25, 26, 27) else contextlib.nullcontext()
 
-    engine = Engine(lm, bench_method(name, RHO) if name != "full" else FullCache(), around_step=around, **ENGINE)
+    engine = Engine(lm, bench_method(name, RHO), around_step=around, **ENGINE)
     engine.generate(Request(ids, 32))
     return None, f"{statistics.mean(counted):.0f} kernels per steady step (profiler, steps 24-27)"
 

@@ -131,10 +131,8 @@ class SlotLayer(DynamicLayer):
         self.appended(key_states.shape[-2])
         return self.keys, self.values
 
-    def appended(self, count: int, shared: bool = False) -> None:
-        """``count`` entries were written into the next free slots (here, or by ``SharedSlots``, ``shared``)."""
-        if shared:
-            self.arrive(count)
+    def appended(self, count: int) -> None:
+        """``count`` entries were written into the next free slots (by ``update``, or by ``SharedSlots``)."""
         self.length += count
         self._views()
 
@@ -285,7 +283,8 @@ class SharedSlots:
         filled += 1
         members = [cache.layers[layer] for cache in self.caches]
         for member in members:
-            member.appended(1, shared=True)
+            member.arrive(1)
+            member.appended(1)
         longest = max(member.get_seq_length() for member in members)
         return self.keys[layer][..., :longest, :], self.values[layer][..., :longest, :]
 
@@ -438,7 +437,7 @@ class PaddedHeadsLayer(DynamicLayer):
         self, key_states: Tensor, value_states: Tensor, *args: object, **kwargs: object
     ) -> tuple[Tensor, Tensor]:
         added = key_states.shape[-2]
-        self.room = max(self.room - added, 0)
+        self.arrive(added)
         if max(self.lengths) + added > self._keys.shape[-2]:
             keys, values = self.heads()
             self._allocate(keys, values, max(self.lengths) + added + self.room)
@@ -449,10 +448,13 @@ class PaddedHeadsLayer(DynamicLayer):
         self.appended(added)
         return self.keys, self.values
 
-    def appended(self, count: int, shared: bool = False) -> None:
-        """``count`` entries were written after each head's last (here, or by ``SharedSlots``, ``shared``: its
-        ``filled`` is then a view of the shared counts, which the writer advanced)."""
-        self.room = max(self.room - count, 0) if shared else self.room
+    def arrive(self, count: int) -> None:
+        """``count`` tokens arrive: that much less room is still to come."""
+        self.room = max(self.room - count, 0)
+
+    def appended(self, count: int) -> None:
+        """``count`` entries were written after each head's last, and ``filled`` advanced (by ``update``, or by
+        ``SharedSlots``, whose counts ``filled`` is then a view of)."""
         self.lengths = [length + count for length in self.lengths]
         self._views()
 
