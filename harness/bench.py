@@ -278,18 +278,19 @@ class _Recorded(contextlib.AbstractContextManager):
         self.context.__exit__(*exc)
 
 
-def _compiled(model: Any, method: EvictionMethod, request: Request) -> str:
-    """Whether the steady step compiles as one graph per path with no recompilation over 64 steps after warm-up."""
+def _compiled(model: Any, method: EvictionMethod, requests: list[Request], numerics: int) -> str:
+    """Whether the steady step (a batch's: ``SteadyRows``) compiles as one graph per path with no recompilation over
+    64 steps after warm-up."""
     torch._dynamo.reset()
     compiles: list[int] = []
-    engine = Engine(model, method, steady="compiled", token_lag=4)
+    engine = Engine(model, method, steady="compiled", token_lag=4, numerics=numerics)
     engine.around_step = lambda step: _CountCompiles(compiles, step)
     try:
-        engine.generate(Request(request.input_ids, 80))
+        list(engine.generate_batch(enumerate(Request(request.input_ids, 80) for request in requests), len(requests)))
     except torch._dynamo.exc.Unsupported as error:
         return f"graph break ({str(error).splitlines()[0][:60]})"
     if not any(compiles):
-        return "eager (no static steady state)"
+        return "eager (no static steady state)" if len(requests) == 1 else "eager (rows in a loop)"
     late = sum(compiles[16:])
     return "clean" if late == 0 else f"{late} recompilations after warm-up"
 
@@ -327,7 +328,7 @@ def ops_table(
                     if name == "full":
                         full[batch] = kernels
                     ratio = f"{kernels / full[batch]:.2f}" if batch in full else ""
-                    compiled = _compiled(model, bench_method(name, 0.5), requests[0]) if batch == 1 else "eager"
+                    compiled = _compiled(model, bench_method(name, 0.5), requests, number)
                     cells = (dtype, number, name, batch, f"{kernels:.0f}", ratio, f"{syncs:.2f}", compiled)
                     lines.append(f"| {' | '.join(map(str, cells))} |")
                     print(lines[-1], flush=True)

@@ -34,6 +34,17 @@ on a GPU it is captured as a graph, one per path (a step that observes, and one 
         forward      -> observe(view) per layer, if observes(t)
         evict_one(table, seen, observed=observes(t))     # (layers', rows, 1) slots, on the device
 
+Several sequences decoding together (a batch, ``numerics`` 2) whose rows are all in that loop, with
+the same options and the same observing step, are served as one: ``stack`` the rows' methods into a
+``RowStack``, whose ``observe`` and ``evict_one`` take every row at once (a leading row dimension N),
+and ``unstack`` when the rows change::
+
+    stack = methods[0].stack(methods)        # None: each row is served alone
+    while every row is steady:
+        forward      -> stack.observe(view) per layer, if observing     # view: (N, ...) tensors
+        stack.evict_one(table, seen, observed)                          # (layers', N, rows, 1) slots
+    stack.unstack()
+
 A method whose decode steps only append (``appends_only()``: no budget, or a cut made at the prefill)
 lets the engine read tokens late as well: steps run past a stop are cut off the cache afterwards.
 """
@@ -282,6 +293,11 @@ class EvictionMethod(ABC):
         (a 0-dim device tensor); ``observed`` whether ``observe`` ran at this step. Reads nothing on the host."""
         raise NotImplementedError(f"method {self.name!r} has no steady state")
 
+    def stack(self, methods: list[EvictionMethod]) -> RowStack | None:
+        """The steady loops of ``methods`` (the rows of a batch, this one first, each ``steady``) as one, or None
+        where they cannot be (a method that has no stacked form, or options that differ)."""
+        return None
+
     def state_bytes(self) -> int:
         """Bytes of per-sequence state the method holds beside the cache and must count as cache memory
         (a recurrent scorer's state); bookkeeping over positions (score vectors) is not counted."""
@@ -290,3 +306,31 @@ class EvictionMethod(ABC):
     def report(self) -> dict[str, Any]:
         """What the method measured about the sequence just finished, for the record's ``meta``."""
         return {}
+
+
+class RowStack(ABC):
+    """The steady loops of several sequences' methods served as one (``EvictionMethod.stack``).
+
+    The rows' states move into one tensor with a leading row dimension; ``unstack`` hands each row's back
+    to its own method, which then goes on alone as if it had served every step itself.
+
+    Attributes:
+        pad: the position the stacked table's unused slots hold (row r uses its first ``B_r + 1``): a
+            position no row has, whose entry is never evicted and never scored.
+    """
+
+    pad: int
+
+    @abstractmethod
+    def observe(self, view: LayerView) -> None:
+        """One layer of the step for every row: ``view``'s keys and values ``(N, kv_heads, S, head_dim)``, positions
+        ``(N, rows, S)`` (the table's layer), weights ``(N, kv_heads, group, S)``; slots past a row's own are pads."""
+
+    @abstractmethod
+    def evict_one(self, positions: Tensor, seen: Tensor, observed: bool) -> Tensor:
+        """``EvictionMethod.evict_one`` of every row: ``positions`` ``(layers', N, rows, S)``, row r's newest entry in
+        slot ``B_r``; ``seen`` ``(N, 1)``. The slots given up, ``(layers', N, rows, 1)``."""
+
+    @abstractmethod
+    def unstack(self) -> None:
+        """Each row's state back to its own method."""

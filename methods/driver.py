@@ -228,11 +228,17 @@ class Driver:
             and all(isinstance(p, Tensor) and p.shape[-1] == budget for p in self.positions)
         )
 
-    def enter_steady(self) -> Tensor:
-        """Hold the positions in the steady table (one slot more than the budget, free) and return it."""
-        layers, rows = self.method.keep_shape()
-        budget = self.positions[0].shape[-1]
-        table = torch.zeros(layers, rows, budget + 1, dtype=torch.long, device=self.info.device)
+    def steady_shape(self) -> tuple[int, int, int]:
+        """The steady table's shape, ``(layers', rows, B + 1)``."""
+        return *self.method.keep_shape(), self.positions[0].shape[-1] + 1
+
+    def enter_steady(self, table: Tensor | None = None) -> Tensor:
+        """Hold the positions in the steady table (one slot more than the budget, free) and return it: a new
+        tensor, or ``table`` (of ``steady_shape``), a batch's rows' table's part for this sequence."""
+        layers, rows, size = self.steady_shape()
+        budget = size - 1
+        if table is None:
+            table = torch.zeros(layers, rows, size, dtype=torch.long, device=self.info.device)
         table[..., :budget] = torch.stack([positions[:rows] for positions in self.positions[:layers]])
         self.table = table
         heads = self.info.num_kv_heads

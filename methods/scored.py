@@ -18,9 +18,10 @@ import torch
 from torch import Tensor
 
 from methods.aggregators.base import Aggregator
-from methods.base import EvictionMethod, KeepPlan, LayerView, Refill, SequenceInfo
+from methods.base import EvictionMethod, KeepPlan, LayerView, Refill, RowStack, SequenceInfo
 from methods.options import require_int, require_number
 from methods.prompt_attention import prompt_attention_votes
+from methods.scored_rows import ScoredRows
 from methods.scorers.attention import AttentionScorer
 from methods.scorers.base import Scorer
 from methods.selection import Selection, exact_floor
@@ -221,6 +222,12 @@ class ScoredEviction(EvictionMethod):
             and not self.aggregator.adapts
             and (not self._rescue or self._evicted)
         )
+
+    def stack(self, methods: list[EvictionMethod]) -> RowStack | None:
+        # Equal options (a dataclass compares its fields, not the state ``begin`` makes) and a scorer that
+        # takes stacked rows; ``steady`` already ruled out what reads the host or the cache's order.
+        alike = all(type(method) is type(self) and method == self and method.steady() for method in methods)
+        return ScoredRows(methods) if alike and self.scorer.rows else None
 
     def evict_one(self, positions: Tensor, seen: Tensor | int, observed: bool) -> Tensor:
         if not observed:

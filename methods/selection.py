@@ -140,17 +140,29 @@ class Selection:
         One ``argmin`` rather than ``select``'s sort of the ``budget`` kept; among equal priorities the first
         slot goes (``select`` gives no order among ties).
         """
-        ranked = priority.masked_fill(self.protected(positions, seen, budget, reserved), torch.inf)
-        return ranked.argmin(dim=-1, keepdim=True)
+        return evict_unprotected(priority, self.protected(positions, seen, budget, reserved))
 
     def protected(self, positions: Tensor, seen: Tensor | int, budget: int, reserved: Tensor | None = None) -> Tensor:
         """Which entries ``select`` always keeps (sinks, recent window, static reserve), as a mask of ``positions``."""
-        protected = (positions < self.sinks) | (positions >= seen - self.recent(budget))
+        return self.protected_from(positions, seen - self.recent(budget), reserved)
+
+    def protected_from(self, positions: Tensor, recent_from: Tensor | int, reserved: Tensor | None = None) -> Tensor:
+        """``protected`` with the recent window given as its first position; several sequences' rows at once (a
+        batch's stacked rows) give one per row, and ``reserved`` as a mask per row, ``(..., capacity)``."""
+        protected = (positions < self.sinks) | (positions >= recent_from)
         if self.reserve_fraction > 0:
             if reserved is None:
                 raise ValueError(
                     f"method.selection.reserve_fraction={self.reserve_fraction} needs the decode-time scored"
                     " selection, which knows the prompt length — use it with a scored method, or set it to 0"
                 )
-            protected |= reserved[positions]
+            if reserved.dim() == 1:
+                protected |= reserved[positions]
+            else:
+                protected |= reserved.expand(*positions.shape[:-1], -1).gather(-1, positions)
         return protected
+
+
+def evict_unprotected(priority: Tensor, protected: Tensor) -> Tensor:
+    """Per row, the slot of the lowest priority not ``protected`` ``(..., 1)``; among equal priorities the first."""
+    return priority.masked_fill(protected, torch.inf).argmin(dim=-1, keepdim=True)

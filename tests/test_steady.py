@@ -181,7 +181,7 @@ def test_one_refill_serves_every_layer(tiny_models):
 @pytest.mark.parametrize(
     "name,numerics",
     [(name, 1) for name in ("full", "inertia", "score_free", "adakv_ea")]
-    + [("full", 2), ("snapkv", 2), ("adakv_ea", 2)],
+    + [("full", 2), ("snapkv", 2), ("adakv_ea", 2), ("inertia", 2)],
 )
 def test_a_batch_step_reads_its_rows_tokens_late_or_in_one_host_read(tiny_models, name, numerics, token_lag):
     # The batch step feeds its rows' tokens from the device (and under numerics 2 a step that only appends writes

@@ -27,7 +27,7 @@ from harness.decode.attention import select
 from harness.decode.evicting_attention import EVICTING, BatchState, StepState
 from harness.decode.reconstruction import reconstruction_passes
 from harness.decode.sampling import Sampling
-from harness.decode.steady import SteadyLoop, TokenReader, host_token
+from harness.decode.steady import SteadyLoop, SteadyRows, TokenReader, host_token
 from harness.models import check_length
 from harness.record.schema import Figures
 from methods.base import EvictionMethod, SequenceInfo
@@ -275,6 +275,9 @@ class Engine:
         so (``_Sequence.reads_late``), the others once per step for all rows. Greedy tokens match
         ``generate``'s as long as no two logits tie within the last bits in which a matrix product of
         batch rows differs from one row's.
+
+        Under ``numerics`` 2 a step whose rows only append attends them at once (``_shared``), and one whose
+        rows are all in their methods' steady loop runs as one steady step (``_steady_rows``).
         """
         if batch_size == 1:
             for key, request in requests:
@@ -284,6 +287,7 @@ class Engine:
         free = [self.method, *(copy.deepcopy(self.method) for _ in range(batch_size - 1))]
         active: list[tuple[Key, _Sequence]] = []
         shared: kv_cache.SharedSlots | None = None
+        rows: SteadyRows | None = None
         # The rows' positions on the device: built from the host when the rows change (a copy to the device,
         # which waits on a GPU), else advanced there by one.
         placed: tuple[list[_Sequence], Tensor] | None = None
@@ -307,16 +311,23 @@ class Engine:
                 # The rows' tokens are fed from the device. A row whose step would read its token late alone
                 # reads it so here; the others are read together, once per step.
                 late = [sequence.reads_late() for sequence in sequences]
-                positions = [sequence.next_step() for sequence in sequences]
-                if placed is not None and placed[0] == sequences:
-                    placed[1].add_(1)
+                rows = self._steady_rows(sequences, rows)
+                if rows is not None:
+                    observing = [sequence.count_steady() for sequence in sequences]
+                    rows.step(observing[0])
+                    placed = None
+                    unread = list(zip(sequences, late, strict=True))
                 else:
-                    placed = (sequences, torch.tensor([[position] for position in positions], device=self.device))
-                tokens = torch.cat([sequence.token_t for sequence in sequences])
-                shared = self._shared(sequences, shared)
-                with EVICTING.active(BatchState([sequence.state for sequence in sequences], shared)):
-                    logits = self._forward_batch(tokens, placed[1], [s.cache for s in sequences], shared)
-                unread = [(s, late[row]) for row, s in enumerate(sequences) if s.end_step(logits[row], False)]
+                    positions = [sequence.next_step() for sequence in sequences]
+                    if placed is not None and placed[0] == sequences:
+                        placed[1].add_(1)
+                    else:
+                        placed = (sequences, torch.tensor([[position] for position in positions], device=self.device))
+                    tokens = torch.cat([sequence.token_t for sequence in sequences])
+                    shared = self._shared(sequences, shared)
+                    with EVICTING.active(BatchState([sequence.state for sequence in sequences], shared)):
+                        logits = self._forward_batch(tokens, placed[1], [s.cache for s in sequences], shared)
+                    unread = [(s, late[row]) for row, s in enumerate(sequences) if s.end_step(logits[row], False)]
                 if lagging := [sequence for sequence, lags in unread if lags]:
                     tokens = torch.cat([sequence.token_t for sequence in lagging]).view(-1)
                     copied = lagging[0].reader.start_copy(tokens)
@@ -329,6 +340,10 @@ class Engine:
             seconds = self._clock() - start
             for sequence in sequences:
                 sequence.decode_s += seconds
+            if rows is not None and any(sequence.finished for sequence in sequences):
+                # A finished row's figures, and the rows that go on, need their own state back.
+                rows.leave()
+                rows = None
             for key, sequence in [item for item in active if item[1].finished]:
                 active.remove((key, sequence))
                 free.append(sequence.method)
@@ -356,6 +371,24 @@ class Engine:
         if current is not None and current.holds(caches):
             return current
         return kv_cache.SharedSlots(caches) if kv_cache.SharedSlots.fits(caches) else None
+
+    def _steady_rows(self, sequences: list[_Sequence], current: SteadyRows | None) -> SteadyRows | None:
+        """Under ``numerics`` 2, the rows as one steady step (``SteadyRows``) when every row is in its method's
+        steady loop, observes at this step as the others do, and the methods stack (``current`` while its rows
+        are these); else None (``current`` left), and each row is served alone."""
+        if self.numerics < 2:
+            return None
+        observing = {sequence.method.observes(sequence.step + 1) for sequence in sequences}
+        if current is not None:
+            if current.sequences == sequences and len(observing) == 1:
+                return current
+            current.leave()
+        if len(observing) > 1 or not all(sequence.steady_ready() for sequence in sequences):
+            return None
+        if not kv_cache.RowSlots.fits([sequence.cache for sequence in sequences]):
+            return None
+        stack = sequences[0].method.stack([sequence.method for sequence in sequences])
+        return None if stack is None else SteadyRows(self.model, sequences, stack, self.steady)
 
     def _forward_batch(
         self, input_ids: Tensor, position_ids: Tensor, caches: list[object], shared: kv_cache.SharedSlots | None
@@ -461,6 +494,7 @@ class _Sequence:
         self.token_t = torch.zeros(1, 1, dtype=torch.long, device=engine.device)
         self.position_t = torch.zeros((), dtype=torch.long, device=engine.device)
         self.loop: SteadyLoop | None = None
+        self.steady_figures: tuple[int, int] | None = None
         # Whether no layer has a logit bias, asked once the cache only appends (a bias no longer changes then).
         self.unbiased: bool | None = None
         self.reader = TokenReader(engine.device, engine.token_lag)
@@ -527,7 +561,7 @@ class _Sequence:
     def steady_ready(self) -> bool:
         """Whether the next step is a steady one (``harness.decode.steady``): the method's static loop,
         greedy, nothing forced or suppressed, not profiled."""
-        if self.loop is not None:
+        if self.loop is not None or self.state.driver.table is not None:
             return True
         engine, request, driver = self.engine, self.request, self.state.driver
         plain = not engine.profiling and self.sampling.temperature == 0.0 and request.forced is None
@@ -537,22 +571,29 @@ class _Sequence:
     def steady_step(self) -> None:
         """One step of the static loop; the host only counts it and reads the token it chose."""
         if self.loop is None:
-            # What the eager steps measure at every step is constant from here on: measured once.
+            self.position_t.fill_(self.state.driver.info.prefill_len + self.step)
+            self.loop = SteadyLoop(self.engine.model, self, self.engine.steady)
+        observing = self.count_steady()
+        with EVICTING.active(self.state):
+            self.loop.run(observing)
+        self.receive(self.reader.push(self.token_t))
+
+    def count_steady(self) -> bool:
+        """The host's part of a steady step (alone or in a batch's ``SteadyRows``): count it; whether the method
+        observes it."""
+        if self.steady_figures is None:
+            # What the eager steps measure at every step is constant in the steady state: measured once.
             cache = self.cache
             self.steady_figures = (
                 kv_cache.cache_bytes(cache) + kv_cache.bytes_per_token(cache),
                 max(kv_cache.cache_lengths(cache)),
             )
-            self.position_t.fill_(self.state.driver.info.prefill_len + self.step)
-            self.loop = SteadyLoop(self.engine.model, self, self.engine.steady)
         self.step_bytes.append(self.steady_figures[0])
         self.step_lengths.append(self.steady_figures[1])
         self.step += 1
         driver = self.state.driver
         driver.next_step()
-        with EVICTING.active(self.state):
-            self.loop.run(driver.observing)
-        self.receive(self.reader.push(self.token_t))
+        return driver.observing
 
     def next_step(self) -> int:
         """Start the next decode step; the position of the token it feeds (``token_t``)."""

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from harness.decode import kv_cache
 from harness.decode.attention import AttentionCall, AttentionFunction, causal_column_mass
-from methods.base import LayerView
+from methods.base import LayerView, RowStack
 from methods.driver import Driver
 
 
@@ -63,18 +63,46 @@ class StepState:
 
 
 @dataclass
+class RowsStep:
+    """A batch step whose rows are all in their steady state (``harness.decode.steady.SteadyRows``): their slots
+    in one ``kv_cache.RowSlots``, their methods' loops stacked (``methods.base.RowStack``).
+
+    Parameters:
+        stack: the rows' methods as one.
+        table: the rows' positions, ``(layers', N, rows, S)``.
+        free: True past each row's slots, ``(N, S)``.
+        observing, attention: whether the rows' methods observe this step, and need its weights.
+    """
+
+    stack: RowStack
+    table: Tensor
+    free: Tensor
+    observing: bool
+    attention: bool
+
+    def __post_init__(self) -> None:
+        # Every KV head of a row has the same slots: the mask and the bias broadcast over heads.
+        self.mask = ~self.free[:, None, None, :]
+        self.bias = torch.zeros(self.free.shape, device=self.free.device).masked_fill(self.free, -torch.inf)[:, None]
+
+
+@dataclass
 class BatchState:
     """The state of one decode forward of several sequences (``Engine.generate_batch``): one ``StepState``
     per batch row, each with its own driver and cache, and ``shared`` when the rows' caches are one buffer
-    per layer (``kv_cache.SharedSlots``: a step that only appends, ``numerics`` 2)."""
+    per layer (``kv_cache.SharedSlots``: a step that only appends, ``numerics`` 2), or ``steady`` when the
+    rows are all in their steady state (``numerics`` 2)."""
 
     states: list[StepState]
     shared: kv_cache.SharedSlots | None = None
+    steady: RowsStep | None = None
 
 
 def _batched(batch: BatchState, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
     """Each row's query attends to its own sequence's cache, exactly as when that sequence decodes alone; or,
-    over shared slots, every row at once, masked past each row's own entries."""
+    over shared slots or steady rows, every row at once, masked past each row's own entries."""
+    if batch.steady is not None:
+        return _steady_rows(batch.steady, call)
     if batch.shared is not None:
         filled = batch.shared.filled[call.layer]
         free = torch.arange(call.key.shape[2], device=call.key.device) >= filled[..., None]
@@ -87,36 +115,61 @@ def _batched(batch: BatchState, call: AttentionCall) -> tuple[Tensor, Tensor | N
     return torch.cat(outputs), None
 
 
+def _steady_rows(step: RowsStep, call: AttentionCall) -> tuple[Tensor, Tensor | None]:
+    """Every row's query over its own slots in one pass (the slots past them masked); the stacked methods
+    observe the layer."""
+    weights = None
+    if step.attention:
+        output, weights = query_attention(call.query, call.key, call.value, call.scaling, step.bias)
+    else:
+        output = dataclasses.replace(call, mask=step.mask).sdpa()[0]
+    if step.observing:
+        positions = step.table[call.layer if step.table.shape[0] > 1 else 0]
+        view = LayerView(
+            call.layer, call.key, call.value, positions, weights=weights, queries=call.query, scaling=call.scaling
+        )
+        step.stack.observe(view)
+    return output, None
+
+
 def single_query_attention(
     query: Tensor, key: Tensor, value: Tensor, scaling: float, bias: Tensor | None
 ) -> tuple[Tensor, Tensor]:
-    """Attention of one query row with its weights, GQA-grouped without repeating keys.
+    """``query_attention`` of one sequence: bias ``(Hkv, T)``, weights ``(Hkv, H/Hkv, T)``."""
+    output, weights = query_attention(query, key, value, scaling, None if bias is None else bias[None])
+    return output, weights[0]
 
-    Shapes: query ``(1, H, 1, D)``, key/value ``(1, Hkv, T, D)``, bias ``(Hkv, T)``.
-    Returns the output ``(1, 1, H, D)`` (the layout attention functions return) and the
-    weights ``(Hkv, H/Hkv, T)``. Logits and softmax are fp32 whatever the model's dtype (in bf16
+
+def query_attention(
+    query: Tensor, key: Tensor, value: Tensor, scaling: float, bias: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Attention of one query row per sequence with its weights, GQA-grouped without repeating keys.
+
+    Shapes: query ``(N, H, 1, D)``, key/value ``(N, Hkv, T, D)``, bias ``(N, Hkv, T)`` (or 1 for Hkv).
+    Returns the output ``(N, 1, H, D)`` (the layout attention functions return) and the
+    weights ``(N, Hkv, H/Hkv, T)``. Logits and softmax are fp32 whatever the model's dtype (in bf16
     the output error was 8x SDPA's, so a scored and an unscored step ran on different numerics);
     only the value product runs in the model's dtype. The weights handed on stay fp32. On CUDA a
     half-precision product accumulates and writes fp32 itself (``out_dtype``), so the keys are not
     copied to fp32 at every scored step; elsewhere they are.
     """
-    _, heads, _, dim = query.shape
+    rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
-    grouped = query.view(1, kv_heads, heads // kv_heads, dim)
+    grouped = query.view(rows, kv_heads, heads // kv_heads, dim)
     logits = _fp32_logits(grouped, key) * scaling
     if bias is not None:
-        logits = logits + bias[None, :, None, :].float()
+        logits = logits + bias[:, :, None, :].float()
     weights = torch.softmax(logits, dim=-1)
-    output = torch.matmul(weights.to(value.dtype), value).view(1, heads, 1, dim).transpose(1, 2)
-    return output, weights[0]
+    output = torch.matmul(weights.to(value.dtype), value).view(rows, heads, 1, dim).transpose(1, 2)
+    return output, weights
 
 
 def _fp32_logits(grouped: Tensor, key: Tensor) -> Tensor:
-    """``grouped @ key^T`` in fp32, ``(1, Hkv, group, T)``: on CUDA without an fp32 copy of the keys."""
+    """``grouped @ key^T`` in fp32, ``(N, Hkv, group, T)``: on CUDA without an fp32 copy of the keys."""
     if key.is_cuda and key.dtype in (torch.bfloat16, torch.float16):
-        _, kv_heads, group, dim = grouped.shape
-        product = torch.bmm(grouped[0], key[0].transpose(-1, -2), out_dtype=torch.float32)
-        return product.view(1, kv_heads, group, -1)
+        rows, kv_heads, group, _ = grouped.shape
+        product = torch.bmm(grouped.flatten(0, 1), key.flatten(0, 1).transpose(-1, -2), out_dtype=torch.float32)
+        return product.view(rows, kv_heads, group, -1)
     return torch.matmul(grouped.float(), key.float().transpose(-1, -2))
 
 

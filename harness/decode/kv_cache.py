@@ -289,6 +289,75 @@ class SharedSlots:
         return self.keys[layer][..., :longest, :], self.values[layer][..., :longest, :]
 
 
+class RowSlots:
+    """The steady caches of several sequences in one buffer, keys and values ``(layers, N, kv_heads, S, head_dim)``,
+    for batch steps whose rows are all in their steady state (``harness.decode.steady.SteadyRows``, ``numerics`` 2).
+
+    Row r's layers hold its budget ``B_r`` in its own ``B_r + 1`` slots, views of its part of the buffer (so its
+    lengths and held bytes stay its own); S is the largest row's. A step writes row r's new entry into slot
+    ``B_r`` (``append``, one write per layer), attention reads every row at once, masked past each row's
+    slots, and ``refill`` moves each row's newest entry into the slot it gives up, in every layer at once.
+    """
+
+    def __init__(self, caches: Sequence[DynamicCache]) -> None:
+        self.caches = list(caches)
+        first: SlotLayer = self.caches[0].layers[0]
+        _, heads, _, dim = first._keys.shape
+        layers, rows = len(self.caches[0].layers), len(self.caches)
+        budgets = [cache.layers[0].length for cache in self.caches]
+        size = max(budgets) + 1
+        self.keys = first._keys.new_zeros(layers, rows, heads, size, dim)
+        self.values = first._values.new_zeros(layers, rows, heads, size, first._values.shape[-1])
+        for row, cache in enumerate(self.caches):
+            for index, layer in enumerate(cache.layers):
+                self.keys[index, row, :, : layer.length] = layer.keys[0]
+                self.values[index, row, :, : layer.length] = layer.values[0]
+                layer._keys = self.keys[index, row : row + 1, :, : layer.capacity]
+                layer._values = self.values[index, row : row + 1, :, : layer.capacity]
+                layer._views()
+        last = torch.tensor(budgets, device=first._keys.device)
+        #: True past each row's slots, ``(N, S)``.
+        self.free = torch.arange(size, device=last.device)[None, :] > last[:, None]
+        self._write = last.view(rows, 1, 1, 1).expand(rows, heads, 1, dim)
+        self._write_values = last.view(rows, 1, 1, 1).expand(rows, heads, 1, self.values.shape[-1])
+        self._newest = last.view(1, rows, 1, 1, 1).expand(layers, rows, heads, 1, dim)
+        self._newest_values = last.view(1, rows, 1, 1, 1).expand(layers, rows, heads, 1, self.values.shape[-1])
+
+    @staticmethod
+    def fits(caches: Sequence[DynamicCache]) -> bool:
+        """Whether every layer of ``caches`` is a slot layer of one batch row and one more slot than its entries."""
+        return all(
+            isinstance(layer, SlotLayer) and layer._keys.shape[0] == 1 and layer.capacity == layer.length + 1
+            for cache in caches
+            for layer in cache.layers
+        )
+
+    def append(self, layer: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
+        """Row r's ``(N, kv_heads, 1, head_dim)`` entry into its slot ``B_r``: every row's slots of the layer."""
+        self.keys[layer].scatter_(2, self._write, key_states)
+        self.values[layer].scatter_(2, self._write_values, value_states)
+        return self.keys[layer], self.values[layer]
+
+    def refill(self, slots: Tensor) -> None:
+        """Slot ``slots[l, r, h]`` of every layer, row and KV head takes the row's newest entry (slot ``B_r``).
+
+        ``slots`` is ``(layers', N, rows, 1)``: one layer or all of them, one row or one per KV head.
+        """
+        layers, batch, heads, _, dim = self.keys.shape
+        index = slots.to(self.keys.device)[..., None]
+        self.keys.scatter_(3, index.expand(layers, batch, heads, 1, dim), self.keys.gather(3, self._newest))
+        dim = self.values.shape[-1]
+        values = self.values.gather(3, self._newest_values)
+        self.values.scatter_(3, index.expand(layers, batch, heads, 1, dim), values)
+
+    def leave(self, steps: int) -> None:
+        """The ``steps`` served count as the rows' arrivals (``SlotLayer.limit``); each layer stays a view of its
+        row."""
+        for cache in self.caches:
+            for layer in cache.layers:
+                layer.arrive(steps)
+
+
 def _shares(view: Tensor, buffer: Tensor) -> bool:
     """Whether ``view`` lives in ``buffer``'s memory (under inference mode a view keeps no ``_base``)."""
     return view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
@@ -300,10 +369,11 @@ class BatchLayer(DynamicLayer):
 
     ``update`` returns the step's new rows only: the engine's attention reads each sequence's entries
     from its own cache (``entries``), so sequences of different lengths need no padding. With ``shared``
-    (``SharedSlots``), the rows' entries are written in one go and their padded buffers returned.
+    (``SharedSlots``, or ``RowSlots`` for steady rows), the rows' entries are written in one go and their padded
+    buffers returned.
     """
 
-    def __init__(self, members: list[DynamicLayer], layer: int, shared: SharedSlots | None = None) -> None:
+    def __init__(self, members: list[DynamicLayer], layer: int, shared: SharedSlots | RowSlots | None = None) -> None:
         super().__init__()
         self.members, self.layer, self.shared = members, layer, shared
         self.is_initialized = True
@@ -322,7 +392,7 @@ class BatchLayer(DynamicLayer):
 
 
 def batch_cache(
-    model: PreTrainedModel, caches: Sequence[DynamicCache], shared: SharedSlots | None = None
+    model: PreTrainedModel, caches: Sequence[DynamicCache], shared: SharedSlots | RowSlots | None = None
 ) -> DynamicCache:
     """One cache for a forward of several sequences, each writing into and reading from its own ``caches[i]``
     (through ``shared``'s buffers, when given)."""

@@ -19,6 +19,11 @@ No step reads a value on the host and no shape changes from step to step, so a s
 
 Only greedy decoding without forced or suppressed tokens takes this step; anything else takes the
 engine's eager step, which this one must equal token for token and entry for entry.
+
+A batch (``numerics`` 2) whose rows are all in that loop, observing at the same steps, takes the same step
+with every row in it (``SteadyRows``): the rows' slots in one buffer padded to the largest budget, their
+positions in one table, their methods stacked (``methods.base.RowStack``). Its kernels do not grow with
+the rows; its roundings are not one row's (a padded softmax, a batch's products), hence ``numerics`` 2.
 """
 
 from __future__ import annotations
@@ -31,40 +36,23 @@ import torch
 from torch import Tensor
 
 from harness.decode import kv_cache
+from harness.decode.evicting_attention import EVICTING, BatchState, RowsStep
+from methods.base import RowStack
 
 MODES = ("eager", "compiled", "graph")
 
 
-class SteadyLoop:
-    """The steady steps of one sequence: its slots in one buffer, its positions table, a graph per path.
+class _Paths:
+    """A steady step's paths (one that observes, one that does not), each run as ``mode`` says."""
 
-    Parameters:
-        model: the causal LM.
-        sequence: the engine's sequence (its cache, driver, fed token and position counter).
-        mode: one of ``MODES``.
-    """
-
-    def __init__(self, model: Any, sequence: Any, mode: str) -> None:
+    def __init__(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"steady mode {mode!r} is not one of {MODES}")
-        self.model, self.sequence, self.mode = model, sequence, mode
-        self.slots = kv_cache.ModelSlots(sequence.cache)
-        self.table = sequence.state.driver.enter_steady()
+        self.mode = mode
         self.paths: dict[bool, Callable[[], None]] = {}
 
     def _step(self, observing: bool) -> None:
-        sequence = self.sequence
-        driver, position = sequence.state.driver, sequence.position_t
-        driver.write_newest(position)
-        output = self.model(
-            input_ids=sequence.token_t, position_ids=position.view(1, 1), cache=sequence.cache, use_cache=True,
-            logits_to_keep=1,
-        )  # fmt: skip
-        slots = driver.method.evict_one(self.table, position + 1, observing)
-        self.slots.refill(slots)
-        driver.refill_table(slots)
-        sequence.token_t.copy_(output.logits[0, -1].argmax().view(1, 1))
-        position.add_(1)
+        raise NotImplementedError
 
     def run(self, observing: bool) -> None:
         """One steady step; ``observing`` picks the path (whether the method observes at this step)."""
@@ -94,9 +82,109 @@ class SteadyLoop:
         torch.cuda.current_stream().wait_stream(stream)
         return graph.replay
 
+
+class SteadyLoop(_Paths):
+    """The steady steps of one sequence: its slots in one buffer, its positions table, a graph per path.
+
+    Parameters:
+        model: the causal LM.
+        sequence: the engine's sequence (its cache, driver, fed token and position counter).
+        mode: one of ``MODES``.
+    """
+
+    def __init__(self, model: Any, sequence: Any, mode: str) -> None:
+        super().__init__(mode)
+        self.model, self.sequence = model, sequence
+        self.slots = kv_cache.ModelSlots(sequence.cache)
+        self.table = sequence.state.driver.enter_steady()
+
+    def _step(self, observing: bool) -> None:
+        sequence = self.sequence
+        driver, position = sequence.state.driver, sequence.position_t
+        driver.write_newest(position)
+        output = self.model(
+            input_ids=sequence.token_t, position_ids=position.view(1, 1), cache=sequence.cache, use_cache=True,
+            logits_to_keep=1,
+        )  # fmt: skip
+        slots = driver.method.evict_one(self.table, position + 1, observing)
+        self.slots.refill(slots)
+        driver.refill_table(slots)
+        sequence.token_t.copy_(output.logits[0, -1].argmax().view(1, 1))
+        position.add_(1)
+
     def leave(self) -> None:
         """The sequence's positions back as per-layer tensors of the budget's entries."""
         self.sequence.state.driver.leave_steady()
+
+
+class SteadyRows(_Paths):
+    """The steady steps of a batch's sequences as one step (``numerics`` 2): the same step as ``SteadyLoop``'s,
+    with every row in it at once.
+
+    The rows' slots sit in one ``kv_cache.RowSlots``, their positions tables in one ``(layers', N, rows, S)``
+    table (row r's first ``B_r + 1`` slots, the rest holding the stack's ``pad``), their methods' loops in one
+    ``RowStack``. Each row's driver and cache keep views of their parts, and each row's fed token is a
+    view of the step's ``tokens``. Made when the rows change; ``leave`` hands every row back its own.
+
+    Parameters:
+        model: the causal LM.
+        sequences: the engine's sequences, each ``steady_ready``, observing at the same steps.
+        stack: their methods' ``stack``.
+        mode: one of ``MODES``.
+    """
+
+    def __init__(self, model: Any, sequences: list[Any], stack: RowStack, mode: str) -> None:
+        super().__init__(mode)
+        self.model, self.sequences, self.stack = model, list(sequences), stack
+        self.steps = 0
+        drivers = [sequence.state.driver for sequence in self.sequences]
+        shapes = [driver.steady_shape() for driver in drivers]
+        layers, rows, _ = shapes[0]
+        device = drivers[0].info.device
+        size = max(shape[-1] for shape in shapes)
+        self.table = torch.full((layers, len(drivers), rows, size), stack.pad, dtype=torch.long, device=device)
+        for row, (driver, shape) in enumerate(zip(drivers, shapes, strict=True)):
+            driver.enter_steady(self.table[:, row, :, : shape[-1]])
+        self.slots = kv_cache.RowSlots([sequence.cache for sequence in self.sequences])
+        self.cache = kv_cache.batch_cache(model, [sequence.cache for sequence in self.sequences], self.slots)
+        last = torch.tensor([shape[-1] - 1 for shape in shapes], device=device)
+        self._newest = last.view(1, -1, 1, 1).expand(layers, -1, rows, 1)
+        self.tokens = torch.cat([sequence.token_t for sequence in self.sequences])
+        for row, sequence in enumerate(self.sequences):
+            sequence.token_t = self.tokens[row : row + 1]
+        self.positions = torch.tensor([[driver.seen] for driver in drivers], device=device)
+        # One state per path, made once: a compiled step guards on what it reads.
+        self.states: dict[bool, BatchState] = {}
+
+    def _step(self, observing: bool) -> None:
+        self.table.scatter_(3, self._newest, self.positions.view(1, -1, 1, 1).expand_as(self._newest))
+        output = self.model(
+            input_ids=self.tokens, position_ids=self.positions, cache=self.cache, use_cache=True, logits_to_keep=1
+        )
+        slots = self.stack.evict_one(self.table, self.positions + 1, observing)
+        self.slots.refill(slots)
+        self.table.scatter_(3, slots, self.table.gather(3, self._newest))
+        self.tokens.copy_(output.logits[:, -1].argmax(dim=-1, keepdim=True))
+        self.positions.add_(1)
+
+    def step(self, observing: bool) -> None:
+        """One step of every row (each row's host counters already advanced, ``_Sequence.count_steady``)."""
+        self.steps += 1
+        if observing not in self.states:
+            # Whether the methods read the weights follows from whether they observe (as in ``SteadyLoop``'s paths).
+            attention = self.sequences[0].state.driver.attention
+            steady = RowsStep(self.stack, self.table, self.slots.free, observing, attention)
+            self.states[observing] = BatchState([sequence.state for sequence in self.sequences], steady=steady)
+        with EVICTING.active(self.states[observing]):
+            self.run(observing)
+
+    def leave(self) -> None:
+        """Each row's method state, positions, cache counters and fed token back as its own."""
+        self.stack.unstack()
+        self.slots.leave(self.steps)
+        for sequence in self.sequences:
+            sequence.state.driver.leave_steady()
+            sequence.token_t = sequence.token_t.clone()
 
 
 def host_token(token: Tensor) -> int:

@@ -16,6 +16,7 @@ class AttentionScorer(Scorer):
 
     needs_attention = True
     order_free = True
+    rows = True
 
     def score(self, view: LayerView) -> Tensor:
         return group_mean(view)

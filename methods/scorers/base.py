@@ -30,6 +30,9 @@ class Scorer(ABC):
     needs_attention: ClassVar[bool]
     #: Whether an entry's score is the same in any cache order (``EvictionMethod.order_free``).
     order_free: ClassVar[bool]
+    #: Whether ``score`` also serves a batch's stacked rows (``methods.base.RowStack``): a view whose tensors lead
+    #: with a row dimension N, scored ``(N, kv_heads, T)``. False (safe) leaves each row to its own method.
+    rows: ClassVar[bool] = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         declarers = cls.__mro__[: cls.__mro__.index(Scorer)]
@@ -52,7 +55,8 @@ def group_mean(view: LayerView) -> Tensor:
     """Attention of the current query, mean-pooled over each KV head's query group."""
     if view.weights is None:
         raise ValueError("this scorer needs attention weights, but the view carries none")
-    return view.weights.float().mean(dim=1)
+    # The group is the second-last dimension: a batch's stacked rows lead with one more.
+    return view.weights.float().mean(dim=-2)
 
 
 class EntryNorms:
