@@ -227,7 +227,11 @@ class ScoredEviction(EvictionMethod):
         # Equal options (a dataclass compares its fields, not the state ``begin`` makes) and a scorer that
         # takes stacked rows; ``steady`` already ruled out what reads the host or the cache's order.
         alike = all(type(method) is type(self) and method == self and method.steady() for method in methods)
-        return ScoredRows(methods) if alike and self.scorer.rows else None
+        if not (alike and self.scorer.rows):
+            return None
+        states, budgets = [method.state for method in methods], [method._budget for method in methods]
+        reserved = [method._reserved for method in methods]
+        return ScoredRows(states, budgets, reserved, self.selection, self.scorer, self.aggregator)
 
     def evict_one(self, positions: Tensor, seen: Tensor | int, observed: bool) -> Tensor:
         if not observed:

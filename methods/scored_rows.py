@@ -9,44 +9,52 @@ differ per row (the budget, the recent window, the static reserve, the tokens se
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
+from methods.aggregators.base import Aggregator
 from methods.base import LayerView, RowStack
-from methods.selection import evict_unprotected
-
-if TYPE_CHECKING:
-    from methods.scored import ScoredEviction
+from methods.scorers.base import Scorer
+from methods.selection import Selection, evict_unprotected
 
 
 class ScoredRows(RowStack):
-    """The steady loops of ``methods`` (one ``ScoredEviction`` per row, equal options, each steady) as one."""
+    """The steady loops of several ``ScoredEviction`` rows of equal options, each steady, as one.
 
-    def __init__(self, methods: list[ScoredEviction]) -> None:
-        first = methods[0]
-        self.methods, self.selection = methods, first.selection
-        self.scorer, self.aggregator = first.scorer, first.aggregator
-        self.shared_layer = first.selection.granularity == "token"
-        self.pooled = first.selection.granularity != "head"
-        layers, rows, _ = first.state.shape
-        self.pad = max(method.state.shape[-1] for method in methods)
-        self.state = first.state.new_zeros(layers, len(methods), rows, self.pad + 1)
-        for row, method in enumerate(methods):
-            self.state[:, row, :, : method.state.shape[-1]] = method.state
-        device = first.state.device
-        budgets = [method.budget() for method in methods]
+    Parameters:
+        states: each row's state ``(layers', rows, C_r)``, written back by ``unstack``.
+        budgets: each row's budget B_r.
+        reserved: each row's static reserve mask ``(C_r,)``, or None without one.
+        selection, scorer, aggregator: the rows' shared options.
+    """
+
+    def __init__(
+        self,
+        states: list[Tensor],
+        budgets: list[int],
+        reserved: list[Tensor | None],
+        selection: Selection,
+        scorer: Scorer,
+        aggregator: Aggregator,
+    ) -> None:
+        self.states, self.selection, self.scorer, self.aggregator = states, selection, scorer, aggregator
+        self.shared_layer = selection.granularity == "token"
+        self.pooled = selection.granularity != "head"
+        layers, rows, _ = states[0].shape
+        self.pad = max(state.shape[-1] for state in states)
+        self.state = states[0].new_zeros(layers, len(states), rows, self.pad + 1)
+        for row, state in enumerate(states):
+            self.state[:, row, :, : state.shape[-1]] = state
+        device = states[0].device
         size = torch.arange(max(budgets) + 1)
         self.free = (size[None, :] > torch.tensor(budgets)[:, None]).to(device)
         self.others = torch.tensor(budgets, dtype=self.state.dtype, device=device).view(1, -1, 1, 1)
-        recent = [first.selection.recent(budget) for budget in budgets]
-        self.recent = torch.tensor(recent, device=device).view(1, -1, 1, 1)
+        self.recent = torch.tensor([selection.recent(budget) for budget in budgets], device=device).view(1, -1, 1, 1)
         self.reserved = None
-        if first._reserved is not None:
-            self.reserved = torch.zeros(1, len(methods), 1, self.pad + 1, dtype=torch.bool, device=device)
-            for row, method in enumerate(methods):
-                self.reserved[0, row, 0, : method._reserved.numel()] = method._reserved
+        if reserved[0] is not None:
+            self.reserved = torch.zeros(1, len(states), 1, self.pad + 1, dtype=torch.bool, device=device)
+            for row, mask in enumerate(reserved):
+                self.reserved[0, row, 0, : mask.numel()] = mask
 
     def observe(self, view: LayerView) -> None:
         scores = self.scorer.score(view)
@@ -73,5 +81,5 @@ class ScoredRows(RowStack):
         self.state.scatter_(3, newest.expand_as(mean), mean)
 
     def unstack(self) -> None:
-        for row, method in enumerate(self.methods):
-            method.state.copy_(self.state[:, row, :, : method.state.shape[-1]])
+        for row, state in enumerate(self.states):
+            state.copy_(self.state[:, row, :, : state.shape[-1]])
