@@ -35,14 +35,15 @@ on a GPU it is captured as a graph, one per path (a step that observes, and one 
         evict_one(table, seen, observed=observes(t))     # (layers', rows, 1) slots, on the device
 
 Several sequences decoding together (a batch, ``numerics`` 2) whose rows are all in that loop, with
-the same options and the same observing step, are served as one: ``stack`` the rows' methods into a
-``RowStack``, whose ``observe`` and ``evict_one`` take every row at once (a leading row dimension N),
-and ``unstack`` when the rows change::
+the same options, are served as one: ``stack`` the rows' methods into a ``RowStack``, whose ``observe``
+and ``evict_one`` take every row at once (a leading row dimension N), and ``unstack`` when the rows
+change. Rows that observe at different steps (Lazy-r's, joined at different times) follow the stack's
+own schedule, on the device; the host only says whether some rows observe, or every one::
 
-    stack = methods[0].stack(methods)        # None: each row is served alone
+    stack = methods[0].stack(methods, steps)   # steps: each row's next step; None: each row alone
     while every row is steady:
-        forward      -> stack.observe(view) per layer, if observing     # view: (N, ...) tensors
-        stack.evict_one(table, seen, observed)                          # (layers', N, rows, 1) slots
+        forward      -> stack.observe(view, some) per layer, if a row observes   # view: (N, ...) tensors
+        stack.evict_one(table, seen, observed, some)                           # (layers', N, rows, 1)
     stack.unstack()
 
 A method whose decode steps only append (``appends_only()``: no budget, or a cut made at the prefill)
@@ -293,9 +294,10 @@ class EvictionMethod(ABC):
         (a 0-dim device tensor); ``observed`` whether ``observe`` ran at this step. Reads nothing on the host."""
         raise NotImplementedError(f"method {self.name!r} has no steady state")
 
-    def stack(self, methods: list[EvictionMethod]) -> RowStack | None:
-        """The steady loops of ``methods`` (the rows of a batch, this one first, each ``steady``) as one, or None
-        where they cannot be (a method that has no stacked form, or options that differ)."""
+    def stack(self, methods: list[EvictionMethod], steps: list[int]) -> RowStack | None:
+        """The steady loops of ``methods`` (the rows of a batch, this one first, each ``steady``, row r's next step
+        ``steps[r]``) as one, or None where they cannot be (a method that has no stacked form, or options that
+        differ)."""
         return None
 
     def state_bytes(self) -> int:
@@ -322,14 +324,17 @@ class RowStack(ABC):
     pad: int
 
     @abstractmethod
-    def observe(self, view: LayerView) -> None:
-        """One layer of the step for every row: ``view``'s keys and values ``(N, kv_heads, S, head_dim)``, positions
-        ``(N, rows, S)`` (the table's layer), weights ``(N, kv_heads, group, S)``; slots past a row's own are pads."""
+    def observe(self, view: LayerView, some: bool) -> None:
+        """One layer of the step for the rows that observe it: every row, or with ``some`` those the stack's schedule
+        names (each row's ``observes`` of its step; the others' state stays as it was). ``view``'s keys and values
+        are ``(N, kv_heads, S, head_dim)``, positions ``(N, rows, S)`` (the table's layer), weights
+        ``(N, kv_heads, group, S)``; the slots past a row's own are pads."""
 
     @abstractmethod
-    def evict_one(self, positions: Tensor, seen: Tensor, observed: bool) -> Tensor:
-        """``EvictionMethod.evict_one`` of every row: ``positions`` ``(layers', N, rows, S)``, row r's newest entry in
-        slot ``B_r``; ``seen`` ``(N, 1)``. The slots given up, ``(layers', N, rows, 1)``."""
+    def evict_one(self, positions: Tensor, seen: Tensor, observed: bool, some: bool) -> Tensor:
+        """``EvictionMethod.evict_one`` of every row, after a step that no row (``observed`` False), some rows
+        (``some``) or every row observed: ``positions`` ``(layers', N, rows, S)``, row r's newest entry in slot
+        ``B_r``; ``seen`` ``(N, 1)``. The slots given up, ``(layers', N, rows, 1)``; the schedule moves on a step."""
 
     @abstractmethod
     def unstack(self) -> None:

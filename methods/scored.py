@@ -150,11 +150,14 @@ class ScoredEviction(EvictionMethod):
     def observes(self, step: int) -> bool:
         if self._budget is None or not self.decode_eviction:
             return False
-        if self.score_once:
-            return step == 1
-        if self.score_at_compression and not self._compresses(step):
+        if not self.score_once and self.score_at_compression and not self._compresses(step):
             return False
-        return (step - 1) % self.refresh_every == 0
+        return self._scheduled(step)
+
+    def _scheduled(self, step: Tensor | int) -> Tensor | bool:
+        """Score-Free's first step, or Lazy-r's every r-th: for one step, or a stack's rows' steps as a tensor (whose
+        steady state has no compression interval, so this is all of ``observes``)."""
+        return step == 1 if self.score_once else (step - 1) % self.refresh_every == 0
 
     def needs_attention(self, step: int) -> bool:
         return self.scorer.needs_attention and self.observes(step)
@@ -223,7 +226,7 @@ class ScoredEviction(EvictionMethod):
             and (not self._rescue or self._evicted)
         )
 
-    def stack(self, methods: list[EvictionMethod]) -> RowStack | None:
+    def stack(self, methods: list[EvictionMethod], steps: list[int]) -> RowStack | None:
         # Equal options (a dataclass compares its fields, not the state ``begin`` makes) and a scorer that
         # takes stacked rows; ``steady`` already ruled out what reads the host or the cache's order.
         alike = all(type(method) is type(self) and method == self and method.steady() for method in methods)
@@ -231,7 +234,9 @@ class ScoredEviction(EvictionMethod):
             return None
         states, budgets = [method.state for method in methods], [method._budget for method in methods]
         reserved = [method._reserved for method in methods]
-        return ScoredRows(states, budgets, reserved, self.selection, self.scorer, self.aggregator)
+        return ScoredRows(
+            states, budgets, reserved, steps, self._scheduled, self.selection, self.scorer, self.aggregator
+        )
 
     def evict_one(self, positions: Tensor, seen: Tensor | int, observed: bool) -> Tensor:
         if not observed:

@@ -4,10 +4,16 @@ The rows' states, ``(layers', rows, C_r)`` each, sit in one ``(layers', N, rows,
 capacity. Column C, ``pad``, belongs to no entry: the positions table's slots past a row's own ``B_r + 1``
 hold it, their scores are set to 0 so its state stays 0, and they are never evicted. Every operation is the
 one each row's ``ScoredEviction`` does in its steady loop, with the row dimension N in front; the values that
-differ per row (the budget, the recent window, the static reserve, the tokens seen) are tensors over N.
+differ per row (the budget, the recent window, the static reserve, the tokens seen, the step) are tensors over N.
+
+Rows that observe at different steps (Lazy-r's rows, joined at different times) are followed on the device:
+each row's step advances there, and at a step only some rows observe the others' states are put back after
+the fold and their newest entries take the mean instead, as each row's own loop does.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -25,6 +31,8 @@ class ScoredRows(RowStack):
         states: each row's state ``(layers', rows, C_r)``, written back by ``unstack``.
         budgets: each row's budget B_r.
         reserved: each row's static reserve mask ``(C_r,)``, or None without one.
+        steps: each row's next decode step.
+        observes: a row's ``ScoredEviction.observes``, which takes the rows' steps as a tensor too.
         selection, scorer, aggregator: the rows' shared options.
     """
 
@@ -33,6 +41,8 @@ class ScoredRows(RowStack):
         states: list[Tensor],
         budgets: list[int],
         reserved: list[Tensor | None],
+        steps: list[int],
+        observes: Callable[[Tensor], Tensor],
         selection: Selection,
         scorer: Scorer,
         aggregator: Aggregator,
@@ -50,35 +60,49 @@ class ScoredRows(RowStack):
         self.free = (size[None, :] > torch.tensor(budgets)[:, None]).to(device)
         self.others = torch.tensor(budgets, dtype=self.state.dtype, device=device).view(1, -1, 1, 1)
         self.recent = torch.tensor([selection.recent(budget) for budget in budgets], device=device).view(1, -1, 1, 1)
+        self.steps = torch.tensor(steps, device=device).view(1, -1, 1, 1)
+        self.observes = observes
+        #: Which rows observe the current step, ``(1, N, 1, 1)``.
+        self.observing = observes(self.steps)
         self.reserved = None
         if reserved[0] is not None:
             self.reserved = torch.zeros(1, len(states), 1, self.pad + 1, dtype=torch.bool, device=device)
             for row, mask in enumerate(reserved):
                 self.reserved[0, row, 0, : mask.numel()] = mask
 
-    def observe(self, view: LayerView) -> None:
+    def observe(self, view: LayerView, some: bool) -> None:
         scores = self.scorer.score(view)
         if self.pooled:
             scores = scores.mean(dim=-2, keepdim=True)
         scores = scores.masked_fill(self.free[:, None, :], 0.0)
         state = self.state[0 if self.shared_layer else view.layer]
+        before = state.clone() if some else None
         length = scores.shape[-1]
         self.aggregator.fold(
             state.view(-1, state.shape[-1]), view.positions.reshape(-1, length), scores.reshape(-1, length)
         )
+        if before is not None:
+            state.copy_(torch.where(self.observing[0], state, before))
 
-    def evict_one(self, positions: Tensor, seen: Tensor, observed: bool) -> Tensor:
+    def evict_one(self, positions: Tensor, seen: Tensor, observed: bool, some: bool) -> Tensor:
         seen = seen.view(1, -1, 1, 1)
-        if not observed:
-            self._init_newest(positions, seen - 1)
+        if not observed or some:
+            self._init_newest(positions, seen - 1, self.observing if some else None)
         priority = self.state.gather(3, positions)
         protected = self.selection.protected_from(positions, seen - self.recent, self.reserved)
-        return evict_unprotected(priority, protected | self.free[None, :, None, :])
+        slots = evict_unprotected(priority, protected | self.free[None, :, None, :])
+        self.steps.add_(1)
+        self.observing.copy_(self.observes(self.steps))
+        return slots
 
-    def _init_newest(self, table: Tensor, newest: Tensor) -> None:
-        """``ScoredEviction._init_newest`` per row: the newest slot and the pads hold 0, so the sum is the others'."""
+    def _init_newest(self, table: Tensor, newest: Tensor, observed: Tensor | None) -> None:
+        """``ScoredEviction._init_newest`` per row: the newest slot and the pads hold 0, so the sum is the others'.
+        The rows ``observed`` names keep the state their observation gave the newest entry."""
         mean = self.state.gather(3, table).sum(dim=3, keepdim=True) / self.others
-        self.state.scatter_(3, newest.expand_as(mean), mean)
+        at = newest.expand_as(mean)
+        if observed is not None:
+            mean = torch.where(observed, self.state.gather(3, at), mean)
+        self.state.scatter_(3, at, mean)
 
     def unstack(self) -> None:
         for row, state in enumerate(self.states):

@@ -15,13 +15,13 @@ from harness.decode.steady import SteadyRows
 from methods.scored_rows import ScoredRows
 
 
-def stacked_steps(monkeypatch) -> list[int]:
-    """The row count of every ``SteadyRows`` step."""
-    rows: list[int] = []
+def stacked_steps(monkeypatch) -> list[tuple[int, int]]:
+    """Every ``SteadyRows`` step: its row count, and how many of its rows observe it."""
+    rows: list[tuple[int, int]] = []
     original = SteadyRows.step
 
     def step(self, observing):
-        rows.append(len(self.sequences))
+        rows.append((len(self.sequences), sum(observing)))
         return original(self, observing)
 
     monkeypatch.setattr(SteadyRows, "step", step)
@@ -64,7 +64,10 @@ def test_steady_rows_keep_what_each_row_keeps_alone_under_the_reference(tiny_mod
         # A padded softmax and a batch's products round in other last bits than one row's do.
         assert torch.allclose(state, alone_state, rtol=1e-5, atol=1e-7) and bool(alone_state.any())
     # Most steps ran stacked, three rows at a time while three were decoding.
-    assert len(rows) > 25 and max(rows) == 3
+    assert len(rows) > 25 and max(count for count, _ in rows) == 3
+    if name == "inertia_lazy":
+        # Rows that joined at different steps observe at different steps: only some rows observed these.
+        assert any(0 < observing < count for count, observing in rows)
 
 
 def step_counts(model, name: str, rows: int) -> list:
@@ -107,6 +110,7 @@ def test_stacked_steps_compile_as_one_graph_per_path_and_never_recompile(tiny_mo
     assert [compiled[i].tokens for i in range(3)] == [eager[i].tokens for i in range(3)]
     late = [made for step, made, _ in steps if step > 8]
     assert len(rows) >= 64 and sum(late) == 0, f"{name} recompiled after its warm-up"
+    assert all(observing in (0, count) for count, observing in rows)  # rows that joined together stay in phase
     assert sum(made for _, made, _ in steps) == (2 if name == "inertia_lazy" else 1)
 
 
@@ -118,9 +122,9 @@ def test_methods_stack_only_with_equal_options_and_a_scorer_that_takes_rows(tiny
         Engine(model, method).generate(Request(prompt(), 12))
         methods.append(method)
     assert all(method.steady() for method in methods)
-    assert isinstance(methods[0].stack(methods[:2]), ScoredRows)
-    assert methods[0].stack(methods) is None
+    assert isinstance(methods[0].stack(methods[:2], [13, 13]), ScoredRows)
+    assert methods[0].stack(methods, [13, 13, 13]) is None
     # Recency is order-free (so steady) but declares no stacked form.
     recency = named_method("inertia", "rho=0.5", "method/scorer=recency")
     Engine(model, recency).generate(Request(prompt(), 12))
-    assert recency.steady() and recency.stack([recency, recency]) is None
+    assert recency.steady() and recency.stack([recency, recency], [13, 13]) is None

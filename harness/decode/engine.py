@@ -313,8 +313,7 @@ class Engine:
                 late = [sequence.reads_late() for sequence in sequences]
                 rows = self._steady_rows(sequences, rows)
                 if rows is not None:
-                    observing = [sequence.count_steady() for sequence in sequences]
-                    rows.step(observing[0])
+                    rows.step([sequence.count_steady() for sequence in sequences])
                     placed = None
                     unread = list(zip(sequences, late, strict=True))
                 else:
@@ -374,20 +373,20 @@ class Engine:
 
     def _steady_rows(self, sequences: list[_Sequence], current: SteadyRows | None) -> SteadyRows | None:
         """Under ``numerics`` 2, the rows as one steady step (``SteadyRows``) when every row is in its method's
-        steady loop, observes at this step as the others do, and the methods stack (``current`` while its rows
-        are these); else None (``current`` left), and each row is served alone."""
+        steady loop and the methods stack (``current`` while its rows are these); else None (``current`` left),
+        and each row is served alone."""
         if self.numerics < 2:
             return None
-        observing = {sequence.method.observes(sequence.step + 1) for sequence in sequences}
         if current is not None:
-            if current.sequences == sequences and len(observing) == 1:
+            if current.sequences == sequences:
                 return current
             current.leave()
-        if len(observing) > 1 or not all(sequence.steady_ready() for sequence in sequences):
+        if not all(sequence.steady_ready() for sequence in sequences):
             return None
         if not kv_cache.RowSlots.fits([sequence.cache for sequence in sequences]):
             return None
-        stack = sequences[0].method.stack([sequence.method for sequence in sequences])
+        methods, steps = [sequence.method for sequence in sequences], [sequence.step + 1 for sequence in sequences]
+        stack = methods[0].stack(methods, steps)
         return None if stack is None else SteadyRows(self.model, sequences, stack, self.steady)
 
     def _forward_batch(

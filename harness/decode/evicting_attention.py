@@ -72,6 +72,7 @@ class RowsStep:
         table: the rows' positions, ``(layers', N, rows, S)``.
         free: True past each row's slots, ``(N, S)``.
         observing, attention: whether the rows' methods observe this step, and need its weights.
+        some: only some rows observe it (``RowStack.observe``).
     """
 
     stack: RowStack
@@ -79,6 +80,7 @@ class RowsStep:
     free: Tensor
     observing: bool
     attention: bool
+    some: bool = False
 
     def __post_init__(self) -> None:
         # Every KV head of a row has the same slots: the mask and the bias broadcast over heads.
@@ -128,7 +130,7 @@ def _steady_rows(step: RowsStep, call: AttentionCall) -> tuple[Tensor, Tensor | 
         view = LayerView(
             call.layer, call.key, call.value, positions, weights=weights, queries=call.query, scaling=call.scaling
         )
-        step.stack.observe(view)
+        step.stack.observe(view, step.some)
     return output, None
 
 

@@ -20,10 +20,10 @@ No step reads a value on the host and no shape changes from step to step, so a s
 Only greedy decoding without forced or suppressed tokens takes this step; anything else takes the
 engine's eager step, which this one must equal token for token and entry for entry.
 
-A batch (``numerics`` 2) whose rows are all in that loop, observing at the same steps, takes the same step
-with every row in it (``SteadyRows``): the rows' slots in one buffer padded to the largest budget, their
-positions in one table, their methods stacked (``methods.base.RowStack``). Its kernels do not grow with
-the rows; its roundings are not one row's (a padded softmax, a batch's products), hence ``numerics`` 2.
+A batch (``numerics`` 2) whose rows are all in that loop takes the same step with every row in it
+(``SteadyRows``): the rows' slots in one buffer padded to the largest budget, their positions in one table,
+their methods stacked (``methods.base.RowStack``). Its kernels do not grow with the rows; its roundings are
+not one row's (a padded softmax, a batch's products), hence ``numerics`` 2.
 """
 
 from __future__ import annotations
@@ -43,42 +43,43 @@ MODES = ("eager", "compiled", "graph")
 
 
 class _Paths:
-    """A steady step's paths (one that observes, one that does not), each run as ``mode`` says."""
+    """A steady step's paths, each run as ``mode`` says: ``SteadyLoop``'s two (whether the method observes the
+    step), ``SteadyRows``'s three (whether no row, some rows or every row observes it)."""
 
     def __init__(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"steady mode {mode!r} is not one of {MODES}")
         self.mode = mode
-        self.paths: dict[bool, Callable[[], None]] = {}
+        self.paths: dict[int, Callable[[], None]] = {}
 
-    def _step(self, observing: bool) -> None:
+    def _step(self, path: int) -> None:
         raise NotImplementedError
 
-    def run(self, observing: bool) -> None:
-        """One steady step; ``observing`` picks the path (whether the method observes at this step)."""
-        path = self.paths.get(observing)
-        if path is not None:
-            path()
+    def run(self, path: int) -> None:
+        """One steady step down ``path``."""
+        run = self.paths.get(path)
+        if run is not None:
+            run()
             return
         if self.mode == "compiled":
             # The CPU's proxy of capture: one graph, no break; the tests forbid recompiling it.
             compiled = torch.compile(self._step, fullgraph=True, dynamic=False, backend="eager")
-            self.paths[observing] = lambda: compiled(observing)
-            self.paths[observing]()
+            self.paths[path] = lambda: compiled(path)
+            self.paths[path]()
             return
-        self._step(observing)
+        self._step(path)
         if self.mode == "graph":
-            self.paths[observing] = self._capture(observing)
+            self.paths[path] = self._capture(path)
         else:
-            self.paths[observing] = lambda: self._step(observing)
+            self.paths[path] = lambda: self._step(path)
 
-    def _capture(self, observing: bool) -> Callable[[], None]:
+    def _capture(self, path: int) -> Callable[[], None]:
         """The path as a CUDA graph: the step just run as it is was its warm-up; capturing runs nothing."""
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            self._step(observing)
+            self._step(path)
         torch.cuda.current_stream().wait_stream(stream)
         return graph.replay
 
@@ -128,10 +129,13 @@ class SteadyRows(_Paths):
 
     Parameters:
         model: the causal LM.
-        sequences: the engine's sequences, each ``steady_ready``, observing at the same steps.
+        sequences: the engine's sequences, each ``steady_ready``.
         stack: their methods' ``stack``.
         mode: one of ``MODES``.
     """
+
+    #: The paths: no row observes the step, some rows do, every row does.
+    NONE, SOME, EVERY = 0, 1, 2
 
     def __init__(self, model: Any, sequences: list[Any], stack: RowStack, mode: str) -> None:
         super().__init__(mode)
@@ -154,29 +158,31 @@ class SteadyRows(_Paths):
             sequence.token_t = self.tokens[row : row + 1]
         self.positions = torch.tensor([[driver.seen] for driver in drivers], device=device)
         # One state per path, made once: a compiled step guards on what it reads.
-        self.states: dict[bool, BatchState] = {}
+        self.states: dict[int, BatchState] = {}
 
-    def _step(self, observing: bool) -> None:
+    def _step(self, path: int) -> None:
         self.table.scatter_(3, self._newest, self.positions.view(1, -1, 1, 1).expand_as(self._newest))
         output = self.model(
             input_ids=self.tokens, position_ids=self.positions, cache=self.cache, use_cache=True, logits_to_keep=1
         )
-        slots = self.stack.evict_one(self.table, self.positions + 1, observing)
+        slots = self.stack.evict_one(self.table, self.positions + 1, path != self.NONE, path == self.SOME)
         self.slots.refill(slots)
         self.table.scatter_(3, slots, self.table.gather(3, self._newest))
         self.tokens.copy_(output.logits[:, -1].argmax(dim=-1, keepdim=True))
         self.positions.add_(1)
 
-    def step(self, observing: bool) -> None:
-        """One step of every row (each row's host counters already advanced, ``_Sequence.count_steady``)."""
+    def step(self, observing: list[bool]) -> None:
+        """One step of every row, row r's method observing it as ``observing[r]`` says (each row's host counters
+        already advanced, ``_Sequence.count_steady``)."""
         self.steps += 1
-        if observing not in self.states:
+        path = self.EVERY if all(observing) else self.SOME if any(observing) else self.NONE
+        if path not in self.states:
             # Whether the methods read the weights follows from whether they observe (as in ``SteadyLoop``'s paths).
-            attention = self.sequences[0].state.driver.attention
-            steady = RowsStep(self.stack, self.table, self.slots.free, observing, attention)
-            self.states[observing] = BatchState([sequence.state for sequence in self.sequences], steady=steady)
-        with EVICTING.active(self.states[observing]):
-            self.run(observing)
+            attention = any(sequence.state.driver.attention for sequence in self.sequences)
+            steady = RowsStep(self.stack, self.table, self.slots.free, path != self.NONE, attention, path == self.SOME)
+            self.states[path] = BatchState([sequence.state for sequence in self.sequences], steady=steady)
+        with EVICTING.active(self.states[path]):
+            self.run(path)
 
     def leave(self) -> None:
         """Each row's method state, positions, cache counters and fed token back as its own."""
