@@ -290,7 +290,7 @@ def _compiled(model: Any, method: EvictionMethod, requests: list[Request], numer
     except torch._dynamo.exc.Unsupported as error:
         return f"graph break ({str(error).splitlines()[0][:60]})"
     if not any(compiles):
-        return "eager (no static steady state)" if len(requests) == 1 else "eager (rows in a loop)"
+        return "eager (no static steady state)" if len(requests) == 1 else "eager"
     late = sum(compiles[16:])
     return "clean" if late == 0 else f"{late} recompilations after warm-up"
 
