@@ -142,9 +142,10 @@ def check_servable(
 #: 1: the reference; a ragged layer's heads packed one after another and attended one by one, and a
 #: batch step's rows attended one by one.
 #: 2: fewer kernels a step; a per-head cut's heads padded to one length (``kv_cache.PaddedHeadsLayer``)
-#: and attended in one masked pass, and the rows of a batch step that only appends in one buffer per
-#: layer (``kv_cache.SharedSlots``), attended at once. Such passes sum in another order, so a near-tie
-#: in a keep set can flip.
+#: and attended in one masked pass; the rows of a batch step that only appends in one buffer per
+#: layer (``kv_cache.SharedSlots``), attended at once; and a batch whose rows are all in their method's
+#: steady loop served as one steady step (``harness.decode.steady.SteadyRows``). Such passes sum in
+#: another order, so a near-tie in a keep set can flip.
 NUMERICS = (1, 2)
 
 

@@ -147,9 +147,9 @@ class SlotLayer(DynamicLayer):
         """Whether one more entry fits without reallocating."""
         return self.length < self.capacity
 
-    def share(self, keys: Tensor, values: Tensor, filled: Tensor) -> None:
-        """Move into ``keys``/``values``, its row ``(batch, kv_heads, C, D)`` of a ``SharedSlots`` buffer (``filled``
-        counts its entries there)."""
+    def share(self, keys: Tensor, values: Tensor, filled: Tensor | None = None) -> None:
+        """Move into ``keys``/``values``, its row ``(batch, kv_heads, C, D)`` of a ``SharedSlots`` or ``RowSlots``
+        buffer (a ``SharedSlots``' ``filled`` counts its entries there; the layer keeps its own ``length``)."""
         keys[..., : self.length, :] = self.keys
         values[..., : self.length, :] = self.values
         self._keys, self._values = keys[..., : self.capacity, :], values[..., : self.capacity, :]
@@ -310,11 +310,7 @@ class RowSlots:
         self.values = first._values.new_zeros(layers, rows, heads, size, first._values.shape[-1])
         for row, cache in enumerate(self.caches):
             for index, layer in enumerate(cache.layers):
-                self.keys[index, row, :, : layer.length] = layer.keys[0]
-                self.values[index, row, :, : layer.length] = layer.values[0]
-                layer._keys = self.keys[index, row : row + 1, :, : layer.capacity]
-                layer._values = self.values[index, row : row + 1, :, : layer.capacity]
-                layer._views()
+                layer.share(self.keys[index, row : row + 1], self.values[index, row : row + 1])
         last = torch.tensor(budgets, device=first._keys.device)
         #: True past each row's slots, ``(N, S)``.
         self.free = torch.arange(size, device=last.device)[None, :] > last[:, None]
