@@ -79,6 +79,8 @@ class SequenceInfo:
         dtype: the dtype of the cached keys and values (float32 before the weights load).
         refill: the caller stores the cache in slots (the engine): ``keep`` may answer a step that
             evicts one entry per row with a ``Refill`` per layer instead of the indices kept.
+        numerics: the rounding the caller computes in (``harness.decode.engine.NUMERICS``): 1 the reference;
+            from 3 a method may regroup its arithmetic into fewer kernels, which rounds otherwise.
     """
 
     prefill_len: int
@@ -92,6 +94,7 @@ class SequenceInfo:
     rope_scale: float = 1.0
     dtype: torch.dtype = torch.float32
     refill: bool = False
+    numerics: int = 1
 
 
 #: One tensor per KV head, ``(T_h, ...)``: a ragged layer, whose heads hold different counts.

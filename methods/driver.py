@@ -249,10 +249,10 @@ class Driver:
         """Steady state: the newest entry's position (a 0-dim device tensor) into the table's last slot."""
         self.table.select(-1, self.table.shape[-1] - 1).fill_(position)
 
-    def refill_table(self, slots: Tensor) -> None:
-        """Steady state: slot ``slots`` of each row takes the newest entry's position (``evict_one``'s answer)."""
-        last = self.table.shape[-1] - 1
-        self.table.scatter_(2, slots, self.table[..., last:].clone())
+    def refill_table(self, slots: Tensor, position: Tensor) -> None:
+        """Steady state: slot ``slots`` of each row (``evict_one``'s answer) takes the newest entry's ``position``
+        (the 0-dim device tensor ``write_newest`` wrote)."""
+        self.table.scatter_(2, slots, position.view(1, 1, 1).expand_as(slots))
 
     def leave_steady(self) -> None:
         """Back to per-layer positions of the budget's entries (the table's free slot left out)."""

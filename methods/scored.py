@@ -187,17 +187,28 @@ class ScoredEviction(EvictionMethod):
         chosen = self._select(layer, self._row_positions(positions), self.info.prefill_len)
         return chosen if self.selection.granularity == "head" else chosen[0]
 
-    def observe(self, view: LayerView) -> None:
-        self._combine(view, self.scorer.score(view))
+    @property
+    def _regrouped(self) -> bool:
+        """Whether the arithmetic is regrouped into fewer kernels (``SequenceInfo.numerics``)."""
+        return self.info.numerics >= 3
 
-    def _combine(self, view: LayerView, scores: Tensor) -> None:
+    def observe(self, view: LayerView) -> None:
+        if self.selection.granularity != "head" and self._regrouped:
+            self._combine(view, self.scorer.pooled(view), pooled=True)
+        else:
+            self._combine(view, self.scorer.score(view))
+
+    def _combine(self, view: LayerView, scores: Tensor, pooled: bool = False) -> None:
         scores = scores.to(self.state.device, self.state.dtype)
-        if self.selection.granularity != "head":
+        if self.selection.granularity != "head" and not pooled:
             scores = scores.mean(dim=0, keepdim=True)
         rows = self._state_rows(view.layer)
         positions = self._row_positions(view.positions)
         self.aggregator.watch(view.layer, positions, scores)
-        self.aggregator.fold(rows, positions, scores)
+        if self.selection.granularity == "token" and self._regrouped:
+            self.aggregator.fold_layers(rows, positions, scores, view.layer, self.info.num_layers)
+        else:
+            self.aggregator.fold(rows, positions, scores)
         if self._rescue and not self._evicted:
             peak = self.peak[0 if self.selection.granularity == "token" else view.layer]
             peak.scatter_(1, positions, torch.maximum(peak.gather(1, positions), scores))
@@ -235,8 +246,9 @@ class ScoredEviction(EvictionMethod):
         states, budgets = [method.state for method in methods], [method._budget for method in methods]
         reserved = [method._reserved for method in methods]
         return ScoredRows(
-            states, budgets, reserved, steps, self._scheduled, self.selection, self.scorer, self.aggregator
-        )
+            states, budgets, reserved, steps, self._scheduled, self.selection, self.scorer, self.aggregator,
+            self.info.num_layers, self._regrouped,
+        )  # fmt: skip
 
     def evict_one(self, positions: Tensor, seen: Tensor | int, observed: bool) -> Tensor:
         if not observed:

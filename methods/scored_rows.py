@@ -34,6 +34,9 @@ class ScoredRows(RowStack):
         steps: each row's next decode step.
         observes: a row's ``ScoredEviction.observes``, which takes the rows' steps as a tensor too.
         selection, scorer, aggregator: the rows' shared options.
+        layers: the model's layer count.
+        regrouped: the rows' arithmetic is regrouped (``ScoredEviction._regrouped``: scores pooled at once, a
+            token-granularity state decayed once a step).
     """
 
     def __init__(
@@ -46,13 +49,16 @@ class ScoredRows(RowStack):
         selection: Selection,
         scorer: Scorer,
         aggregator: Aggregator,
+        layers: int,
+        regrouped: bool,
     ) -> None:
         self.states, self.selection, self.scorer, self.aggregator = states, selection, scorer, aggregator
+        self.layers, self.regrouped = layers, regrouped
         self.shared_layer = selection.granularity == "token"
         self.pooled = selection.granularity != "head"
-        layers, rows, _ = states[0].shape
+        state_layers, rows, _ = states[0].shape
         self.pad = max(state.shape[-1] for state in states)
-        self.state = states[0].new_zeros(layers, len(states), rows, self.pad + 1)
+        self.state = states[0].new_zeros(state_layers, len(states), rows, self.pad + 1)
         for row, state in enumerate(states):
             self.state[:, row, :, : state.shape[-1]] = state
         device = states[0].device
@@ -60,6 +66,7 @@ class ScoredRows(RowStack):
         self.free = (size[None, :] > torch.tensor(budgets)[:, None]).to(device)
         self.others = torch.tensor(budgets, dtype=self.state.dtype, device=device).view(1, -1, 1, 1)
         self.recent = torch.tensor([selection.recent(budget) for budget in budgets], device=device).view(1, -1, 1, 1)
+        self.protects = any(selection.protects(budget) for budget in budgets)
         self.steps = torch.tensor(steps, device=device).view(1, -1, 1, 1)
         self.observes = observes
         #: Which rows observe the current step, ``(1, N, 1, 1)``.
@@ -71,16 +78,21 @@ class ScoredRows(RowStack):
                 self.reserved[0, row, 0, : mask.numel()] = mask
 
     def observe(self, view: LayerView, some: bool) -> None:
-        scores = self.scorer.score(view)
-        if self.pooled:
-            scores = scores.mean(dim=-2, keepdim=True)
+        if self.pooled and self.regrouped:
+            scores = self.scorer.pooled(view)
+        else:
+            scores = self.scorer.score(view)
+            scores = scores.mean(dim=-2, keepdim=True) if self.pooled else scores
         scores = scores.masked_fill(self.free[:, None, :], 0.0)
         state = self.state[0 if self.shared_layer else view.layer]
         before = state.clone() if some else None
         length = scores.shape[-1]
-        self.aggregator.fold(
-            state.view(-1, state.shape[-1]), view.positions.reshape(-1, length), scores.reshape(-1, length)
-        )
+        rows = state.view(-1, state.shape[-1])
+        positions, scores = view.positions.reshape(-1, length), scores.reshape(-1, length)
+        if self.shared_layer and self.regrouped:
+            self.aggregator.fold_layers(rows, positions, scores, view.layer, self.layers)
+        else:
+            self.aggregator.fold(rows, positions, scores)
         if before is not None:
             state.copy_(torch.where(self.observing[0], state, before))
 
@@ -89,8 +101,10 @@ class ScoredRows(RowStack):
         if not observed or some:
             self._init_newest(positions, seen - 1, self.observing if some else None)
         priority = self.state.gather(3, positions)
-        protected = self.selection.protected_from(positions, seen - self.recent, self.reserved)
-        slots = evict_unprotected(priority, protected | self.free[None, :, None, :])
+        protected = self.free[None, :, None, :]
+        if self.protects:
+            protected = protected | self.selection.protected_from(positions, seen - self.recent, self.reserved)
+        slots = evict_unprotected(priority, protected)
         self.steps.add_(1)
         self.observing.copy_(self.observes(self.steps))
         return slots

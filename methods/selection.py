@@ -140,7 +140,12 @@ class Selection:
         One ``argmin`` rather than ``select``'s sort of the ``budget`` kept; among equal priorities the first
         slot goes (``select`` gives no order among ties).
         """
-        return evict_unprotected(priority, self.protected(positions, seen, budget, reserved))
+        protected = self.protected(positions, seen, budget, reserved) if self.protects(budget) else None
+        return evict_unprotected(priority, protected)
+
+    def protects(self, budget: int) -> bool:
+        """Whether ``protected`` can hold any entry under ``budget`` (else a step need not compute it)."""
+        return self.sinks > 0 or self.recent(budget) > 0 or self.reserve_fraction > 0
 
     def protected(self, positions: Tensor, seen: Tensor | int, budget: int, reserved: Tensor | None = None) -> Tensor:
         """Which entries ``select`` always keeps (sinks, recent window, static reserve), as a mask of ``positions``."""
@@ -163,6 +168,9 @@ class Selection:
         return protected
 
 
-def evict_unprotected(priority: Tensor, protected: Tensor) -> Tensor:
-    """Per row, the slot of the lowest priority not ``protected`` ``(..., 1)``; among equal priorities the first."""
-    return priority.masked_fill(protected, torch.inf).argmin(dim=-1, keepdim=True)
+def evict_unprotected(priority: Tensor, protected: Tensor | None) -> Tensor:
+    """Per row, the slot of the lowest priority not ``protected`` (None: none is) ``(..., 1)``; among equal
+    priorities the first."""
+    if protected is not None:
+        priority = priority.masked_fill(protected, torch.inf)
+    return priority.argmin(dim=-1, keepdim=True)

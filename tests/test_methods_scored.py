@@ -35,13 +35,14 @@ A = 0.8
 HEAD_DIM = 2
 
 
-def seq(prefill_len: int, layers: int, kv_heads: int, group: int, max_new: int = 16) -> SequenceInfo:
+def seq(prefill_len: int, layers: int, kv_heads: int, group: int, max_new: int = 16, numerics: int = 1) -> SequenceInfo:
     return SequenceInfo(
         prefill_len=prefill_len,
         num_layers=layers,
         num_kv_heads=kv_heads,
         num_query_heads=kv_heads * group,
         max_new_tokens=max_new,
+        numerics=numerics,
     )
 
 
@@ -95,10 +96,10 @@ S2 = [
 ]
 
 
-def run_two_steps(aggregator, granularity: str) -> ScoredEviction:
+def run_two_steps(aggregator, granularity: str, numerics: int = 1) -> ScoredEviction:
     """K=3 layers, 2 KV heads x group 2, L0=5, no eviction (budget 100): two observed steps."""
     method = ScoredEviction(AttentionScorer(), aggregator, Selection(budget_tokens=100, granularity=granularity))
-    driver = start(method, seq(prefill_len=5, layers=3, kv_heads=2, group=2))
+    driver = start(method, seq(prefill_len=5, layers=3, kv_heads=2, group=2, numerics=numerics))
     plan = step(driver, [spread(s, OFFSETS) for s in S1])
     assert plan is None
     plan = step(driver, [spread(s, OFFSETS) for s in S2])
@@ -113,9 +114,11 @@ def pad(x: Tensor, length: int) -> Tensor:
 # ------------------------------------------------------------------------------------ aggregation
 
 
-def test_ema_token_state_is_layer_weighted_closed_form_within_one_step() -> None:
+# Numerics 3 pools the query heads in one mean and decays a shared state once per step: the same closed forms.
+@pytest.mark.parametrize("numerics", [1, 3])
+def test_ema_token_state_is_layer_weighted_closed_form_within_one_step(numerics) -> None:
     method = ScoredEviction(AttentionScorer(), EMA(alpha=A), Selection(budget_tokens=100))
-    driver = start(method, seq(prefill_len=5, layers=3, kv_heads=2, group=2))
+    driver = start(method, seq(prefill_len=5, layers=3, kv_heads=2, group=2, numerics=numerics))
     step(driver, [spread(s, OFFSETS) for s in S1])
     K = 3
     expected = sum((1 - A) * A ** (K - 1 - layer) * S1[layer] for layer in range(K))
@@ -126,16 +129,18 @@ def test_ema_token_state_is_layer_weighted_closed_form_within_one_step() -> None
     assert not method.state[0, 0, 6:].any()
 
 
-def test_ema_token_state_across_two_steps_decays_the_older_step_by_alpha_to_the_k() -> None:
-    method = run_two_steps(EMA(alpha=A), "token")
+@pytest.mark.parametrize("numerics", [1, 3])
+def test_ema_token_state_across_two_steps_decays_the_older_step_by_alpha_to_the_k(numerics) -> None:
+    method = run_two_steps(EMA(alpha=A), "token", numerics)
     K = 3
     first = sum((1 - A) * A ** (K - 1 - layer) * S1[layer] for layer in range(K))
     second = sum((1 - A) * A ** (K - 1 - layer) * S2[layer] for layer in range(K))
     torch.testing.assert_close(method.state[0, 0, :7], A**K * pad(first, 7) + second)
 
 
-def test_cumulative_token_state_is_the_sum_of_all_layer_scores() -> None:
-    method = run_two_steps(Cumulative(), "token")
+@pytest.mark.parametrize("numerics", [1, 3])
+def test_cumulative_token_state_is_the_sum_of_all_layer_scores(numerics) -> None:
+    method = run_two_steps(Cumulative(), "token", numerics)
     expected = sum(pad(s, 7) for s in S1) + sum(S2)
     torch.testing.assert_close(method.state[0, 0, :7], expected)
 
@@ -145,18 +150,58 @@ def test_single_step_token_state_is_the_last_layers_score() -> None:
     torch.testing.assert_close(method.state[0, 0, :7], S2[-1])
 
 
-@pytest.mark.parametrize("aggregator", [EMA(alpha=0.8), EMA(alpha=0.0), Cumulative(), SingleStep()], ids=repr)
-def test_fold_updates_the_scored_entries_to_the_bit_as_combine_does(aggregator) -> None:
+AGGREGATORS = [EMA(alpha=0.8), EMA(alpha=0.0), Cumulative(), SingleStep()]
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["shared state", "rows"])
+@pytest.mark.parametrize("aggregator", AGGREGATORS, ids=repr)
+def test_fold_updates_the_scored_entries_to_the_bit_as_combine_does(aggregator, count) -> None:
     # fold's fewer kernels must not move a rounding: kept sets are compared across engines to the entry.
     generator = torch.Generator().manual_seed(0)
-    rows = torch.rand(3, 40, generator=generator)
+    rows = torch.rand(count, 40, generator=generator)
     rows[:, 30:] = 0.0  # positions not cached yet
-    positions = torch.stack([torch.randperm(30, generator=generator)[:12] for _ in range(3)])
-    score = torch.rand(3, 12, generator=generator) / 7
+    positions = torch.stack([torch.randperm(30, generator=generator)[:12] for _ in range(count)])
+    score = torch.rand(count, 12, generator=generator) / 7
     expected = aggregator.combine(rows.gather(1, positions), score)
     aggregator.fold(rows, positions, score)
     assert torch.equal(rows.gather(1, positions), expected)
-    assert torch.equal(rows[:, 30:], torch.zeros(3, 10))
+    assert torch.equal(rows[:, 30:], torch.zeros(count, 10))
+
+
+@pytest.mark.parametrize("aggregator", AGGREGATORS, ids=repr)
+def test_fold_layers_gives_a_steps_layer_by_layer_folds(aggregator) -> None:
+    generator = torch.Generator().manual_seed(1)
+    layers = 6
+    rows = torch.rand(1, 40, generator=generator)
+    positions = torch.randperm(40, generator=generator)[None, :25]
+    scores = torch.rand(layers, 1, 25, generator=generator) / 9
+    expected, regrouped = rows.clone(), rows.clone()
+    for layer in range(layers):
+        aggregator.fold(expected, positions, scores[layer])
+        aggregator.fold_layers(regrouped, positions, scores[layer], layer, layers)
+    if isinstance(aggregator, EMA) and aggregator.alpha > 0:
+        # One decay of alpha^6 for six of alpha: the same sum, rounded otherwise (numerics 3).
+        torch.testing.assert_close(regrouped, expected, rtol=1e-6, atol=0.0)
+        assert not torch.equal(regrouped, expected)
+    else:
+        assert torch.equal(regrouped, expected)
+
+
+def test_the_attention_scorers_pooled_score_is_the_mean_of_its_heads_scores() -> None:
+    generator = torch.Generator().manual_seed(2)
+    weights = torch.rand(4, 3, 2, 11, generator=generator).softmax(dim=-1)  # N rows, 3 KV heads x group 2
+    scorer = AttentionScorer()
+    for view_weights in (weights[0], weights):
+        view = LayerView(layer=0, keys=None, values=None, positions=None, weights=view_weights)
+        pooled = scorer.pooled(view)
+        assert pooled.shape == (*view_weights.shape[:-3], 1, 11)
+        torch.testing.assert_close(pooled, scorer.score(view).mean(dim=-2, keepdim=True), rtol=1e-6, atol=0.0)
+    # A scorer that does not pool itself gives the mean of its scores exactly.
+    keys, values = torch.rand(3, 11, 2), torch.rand(3, 11, 2)
+    view = LayerView(layer=0, keys=keys, values=values, positions=None, weights=weights[0])
+    vnorm = VNormScorer()
+    vnorm.begin(seq(prefill_len=11, layers=1, kv_heads=3, group=2))
+    assert torch.equal(vnorm.pooled(view), vnorm.score(view).mean(dim=-2, keepdim=True))
 
 
 def test_ema_layer_granularity_keeps_one_independent_state_per_layer() -> None:

@@ -168,6 +168,28 @@ def test_select_keeps_sinks_and_window_even_with_lowest_priority() -> None:
     assert kept.tolist() == [[0, 1, 3, 5, 9, 10, 11]]
 
 
+@pytest.mark.parametrize(
+    "options,slot",
+    [
+        ({}, 1),
+        ({"sinks": 2}, 4),
+        ({"window": 2}, 1),
+        ({"sinks": 2, "window": 2}, 3),
+        ({"sinks": 2, "recent_fraction": 0.5}, 3),
+    ],
+    ids=repr,
+)
+def test_evict_one_gives_up_the_lowest_unprotected_slot_and_masks_nothing_when_nothing_is_protected(
+    options, slot
+) -> None:
+    selection = Selection(**options)
+    positions = torch.tensor([[0, 1, 7, 3, 9, 5, 6]])  # slot order after refills: position 9 in slot 4
+    priority = torch.tensor([[0.0, -1.0, 0.4, 0.1, -0.5, 0.3, 0.5]])
+    # Sinks 2 protect slots 0 and 1; a window of 2 (or half of B = 6) at seen 10 protects position 9, slot 4.
+    assert selection.evict_one(priority, positions, torch.tensor(10), budget=6, reserved=None).tolist() == [[slot]]
+    assert selection.protects(6) == bool(options)
+
+
 def test_select_returns_indices_not_positions_after_eviction() -> None:
     selection = Selection(sinks=1, window=2)
     positions = torch.tensor([[0, 1, 5, 7, 9, 12, 13, 14]])

@@ -130,17 +130,17 @@ class _Steps(contextlib.AbstractContextManager):
         self.into.append((self.step, made, self.counts))
 
 
-@pytest.mark.parametrize("name", CAPTURED)
-def test_the_steady_step_compiles_as_one_graph_per_path_and_never_recompiles(tiny_models, monkeypatch, name):
+@pytest.mark.parametrize("name,numerics", [*((name, 1) for name in CAPTURED), ("inertia", 3), ("tova_decode", 3)])
+def test_the_steady_step_compiles_as_one_graph_per_path_and_never_recompiles(tiny_models, monkeypatch, name, numerics):
     model = tiny_models["tiny_llama"]
     torch._dynamo.reset()
     steps: list = []
     runs = counted_steady_steps(monkeypatch)
-    engine = Engine(model, named_method(name, "rho=0.5"), steady="compiled", token_lag=4)
+    engine = Engine(model, named_method(name, "rho=0.5"), steady="compiled", token_lag=4, numerics=numerics)
     engine.around_step = lambda step: _Steps(steps, step, graphs=True)
     # fullgraph=True: a graph break raises here.
     compiled = engine.generate(Request(prompt(), 90))
-    eager = Engine(model, named_method(name, "rho=0.5")).generate(Request(prompt(), 90))
+    eager = Engine(model, named_method(name, "rho=0.5"), numerics=numerics).generate(Request(prompt(), 90))
     assert compiled.tokens == eager.tokens
     paths = len(set(runs))
     warm_up = 8  # Lazy-4 meets its observing path within four steady steps
@@ -175,6 +175,23 @@ def test_one_refill_serves_every_layer(tiny_models):
     # Keys, values and the positions table: one scatter each, however many layers (and one more gives the
     # unobserved newest entry its state); no top-k, one argmin.
     assert counts.kernels["scatter_"] == 4 and counts.kernels["argmin"] == 1 and "topk" not in counts.kernels
+
+
+def test_numerics_3_pools_the_heads_in_one_mean_and_decays_inertias_state_once_a_step(tiny_models):
+    model = tiny_models["tiny_llama"]
+    layers = model.config.num_hidden_layers
+    counts = {}
+    for numerics in (2, 3):
+        steps: list = []
+        engine = Engine(model, named_method("inertia", "rho=0.5"), token_lag=4, numerics=numerics)
+        engine.around_step = lambda step, steps=steps: _Steps(steps, step)
+        engine.generate(Request(prompt(), 20))
+        counts[numerics] = steps[-1][2].kernels
+    # Per layer: the group mean and the heads' mean, the decay, then the scaled add (one kernel: index_add_).
+    assert counts[2]["mean"] - counts[3]["mean"] == layers
+    assert counts[2]["mul_"] == layers and counts[3]["mul_"] == 1
+    assert counts[2]["index_add_"] == counts[3]["index_add_"] == layers and "scatter_add_" not in counts[2]
+    assert sum(counts[2].values()) - sum(counts[3].values()) == 2 * layers - 1
 
 
 @pytest.mark.parametrize("token_lag", [0, 4])

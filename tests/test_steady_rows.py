@@ -1,4 +1,4 @@
-"""A batch's steady rows as one step (``harness.decode.steady.SteadyRows``, ``numerics`` 2): each row keeps
+"""A batch's steady rows as one step (``harness.decode.steady.SteadyRows``, ``numerics`` 2 and 3): each row keeps
 what it keeps alone, the step's kernels do not grow with the rows, nothing is read on the host, one graph per path."""
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ def finished_rows(monkeypatch) -> list:
     return rows
 
 
+@pytest.mark.parametrize("numerics", [2, 3])
 @pytest.mark.parametrize("name", [*CAPTURED, "inertia_reserve"])
-def test_steady_rows_keep_what_each_row_keeps_alone_under_the_reference(tiny_models, monkeypatch, name):
+def test_steady_rows_keep_what_each_row_keeps_alone_under_the_reference(tiny_models, monkeypatch, name, numerics):
     """Five prompts of different lengths (so different budgets: the rows' slots are padded), three decoding
     together, two joining as others finish; the reference decodes each alone."""
     model = tiny_models["tiny_llama"]
@@ -54,14 +55,15 @@ def test_steady_rows_keep_what_each_row_keeps_alone_under_the_reference(tiny_mod
     reference = {tokens: (positions, state) for tokens, positions, state in kept}
     kept.clear()
     rows = stacked_steps(monkeypatch)
-    engine = Engine(model, named_method(name, "rho=0.5"), numerics=2, token_lag=4)
+    engine = Engine(model, named_method(name, "rho=0.5"), numerics=numerics, token_lag=4)
     batched = dict(engine.generate_batch(enumerate(requests), 3))
     assert [figures(g) for g in alone] == [figures(batched[i]) for i in range(len(requests))]
     assert len(kept) == len(requests)
     for tokens, positions, state in kept:
         alone_positions, alone_state = reference[tokens]
         assert all(map(torch.equal, positions, alone_positions))
-        # A padded softmax and a batch's products round in other last bits than one row's do.
+        # A padded softmax and a batch's products (and under 3 the regrouped sums) round in other last bits than
+        # one row's do.
         assert torch.allclose(state, alone_state, rtol=1e-5, atol=1e-7) and bool(alone_state.any())
     # Most steps ran stacked, three rows at a time while three were decoding.
     assert len(rows) > 25 and max(count for count, _ in rows) == 3
@@ -95,18 +97,19 @@ def test_a_stacked_step_reads_nothing_on_the_host_and_runs_as_many_kernels_whate
     assert max(sum(c.kernels.values()) for c in five) <= 1.2 * most
 
 
-@pytest.mark.parametrize("name", ["inertia", "inertia_lazy"])
-def test_stacked_steps_compile_as_one_graph_per_path_and_never_recompile(tiny_models, monkeypatch, name):
+@pytest.mark.parametrize("name,numerics", [("inertia", 2), ("inertia_lazy", 2), ("inertia", 3)])
+def test_stacked_steps_compile_as_one_graph_per_path_and_never_recompile(tiny_models, monkeypatch, name, numerics):
     model = tiny_models["tiny_llama"]
     torch._dynamo.reset()
     steps: list = []
     rows = stacked_steps(monkeypatch)
     requests = [Request(prompt(length=100 + 9 * row, seed=row), 90) for row in range(3)]
-    engine = Engine(model, named_method(name, "rho=0.5"), steady="compiled", token_lag=4, numerics=2)
+    engine = Engine(model, named_method(name, "rho=0.5"), steady="compiled", token_lag=4, numerics=numerics)
     engine.around_step = lambda step: _Steps(steps, step, graphs=True)
     # fullgraph=True: a graph break raises here.
     compiled = dict(engine.generate_batch(enumerate(requests), 3))
-    eager = dict(Engine(model, named_method(name, "rho=0.5"), numerics=2).generate_batch(enumerate(requests), 3))
+    eager = Engine(model, named_method(name, "rho=0.5"), numerics=numerics).generate_batch(enumerate(requests), 3)
+    eager = dict(eager)
     assert [compiled[i].tokens for i in range(3)] == [eager[i].tokens for i in range(3)]
     late = [made for step, made, _ in steps if step > 8]
     assert len(rows) >= 64 and sum(late) == 0, f"{name} recompiled after its warm-up"

@@ -72,8 +72,10 @@ def sequence_info(
     seed: int = 0,
     device: torch.device | None = None,
     model: PreTrainedModel | None = None,
+    numerics: int = 1,
 ) -> SequenceInfo:
-    """What a method may know about a sequence on the model of ``config`` (its RoPE with ``model``)."""
+    """What a method may know about a sequence on the model of ``config`` (its RoPE with ``model``), computed
+    under ``numerics``."""
     text = config.get_text_config()
     rotary = None if model is None else rotary_embedding(model)
     return SequenceInfo(
@@ -87,6 +89,7 @@ def sequence_info(
         rope_inv_freq=None if rotary is None else rotary.inv_freq.float(),
         rope_scale=1.0 if rotary is None else float(getattr(rotary, "attention_scaling", 1.0)),
         dtype=torch.float32 if model is None else model.dtype,
+        numerics=numerics,
     )
 
 
@@ -144,9 +147,12 @@ def check_servable(
 #: 2: fewer kernels a step; a per-head cut's heads padded to one length (``kv_cache.PaddedHeadsLayer``)
 #: and attended in one masked pass; the rows of a batch step that only appends in one buffer per
 #: layer (``kv_cache.SharedSlots``), attended at once; and a batch whose rows are all in their method's
-#: steady loop served as one steady step (``harness.decode.steady.SteadyRows``). Such passes sum in
-#: another order, so a near-tie in a keep set can flip.
-NUMERICS = (1, 2)
+#: steady loop served as one steady step (``harness.decode.steady.SteadyRows``).
+#: 3: 2, and the scored methods' arithmetic regrouped (``SequenceInfo.numerics``): a pooled score's one
+#: mean over the query heads (``Scorer.pooled``), a layer-shared state's one decay a step
+#: (``Aggregator.fold_layers``).
+#: Each sums in another order than the one before, so a near-tie in a keep set can flip.
+NUMERICS = (1, 2, 3)
 
 
 @dataclass
@@ -411,7 +417,9 @@ class Engine:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
         prefill_len = len(input_ids)
         check_length(self.model.config, prefill_len, max_new_tokens, "the prompt")
-        info = sequence_info(self.model.config, prefill_len, max_new_tokens, request.seed, self.device, self.model)
+        info = sequence_info(
+            self.model.config, prefill_len, max_new_tokens, request.seed, self.device, self.model, self.numerics
+        )
         # The last sampled token is never fed: L0 + max_new_tokens - 1 entries at most.
         most = prefill_len + max_new_tokens - 1
         _reset_peak(self.device)

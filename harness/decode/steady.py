@@ -109,7 +109,7 @@ class SteadyLoop(_Paths):
         )  # fmt: skip
         slots = driver.method.evict_one(self.table, position + 1, observing)
         self.slots.refill(slots)
-        driver.refill_table(slots)
+        driver.refill_table(slots, position)
         sequence.token_t.copy_(output.logits[0, -1].argmax().view(1, 1))
         position.add_(1)
 
@@ -167,7 +167,7 @@ class SteadyRows(_Paths):
         )
         slots = self.stack.evict_one(self.table, self.positions + 1, path != self.NONE, path == self.SOME)
         self.slots.refill(slots)
-        self.table.scatter_(3, slots, self.table.gather(3, self._newest))
+        self.table.scatter_(3, slots, self.positions.view(1, -1, 1, 1).expand_as(slots))
         self.tokens.copy_(output.logits[:, -1].argmax(dim=-1, keepdim=True))
         self.positions.add_(1)
 

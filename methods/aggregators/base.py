@@ -39,6 +39,12 @@ class Aggregator(ABC):
         rounding exactly as ``combine`` does (a GPU's decode step pays per kernel, per layer)."""
         rows.scatter_(1, positions, self.combine(rows.gather(1, positions), score))
 
+    def fold_layers(self, rows: Tensor, positions: Tensor, score: Tensor, layer: int, layers: int) -> None:
+        """``fold`` into a state that each of a step's ``layers`` layers folds into in turn (token granularity),
+        this being layer ``layer``'s: a rule may regroup the step's folds into fewer kernels, which rounds
+        otherwise, so a method calls it only under ``SequenceInfo.numerics`` 3."""
+        self.fold(rows, positions, score)
+
     def watch(self, layer: int, positions: Tensor, score: Tensor) -> None:
         """One layer's fresh scores ``(rows, T)`` at ``positions`` during an observed step."""
 
@@ -48,6 +54,15 @@ class Aggregator(ABC):
     def report(self) -> dict[str, float | None]:
         """What the rule decided for the current sequence (diagnostics)."""
         return {}
+
+
+def add_scaled(rows: Tensor, positions: Tensor, score: Tensor, weight: float) -> None:
+    """``rows[positions] += weight * score`` per row, rounding as the product then the sum. One row (a shared state)
+    takes one kernel, which scales as it adds."""
+    if rows.shape[0] == 1:
+        rows[0].index_add_(0, positions[0], score[0], alpha=weight)
+    else:
+        rows.scatter_add_(1, positions, weight * score)
 
 
 def top_positions(positions: Tensor, scores: Tensor, k: int) -> Tensor:

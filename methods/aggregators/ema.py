@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from methods.aggregators.base import Aggregator
+from methods.aggregators.base import Aggregator, add_scaled
 from methods.options import require_number
 
 
@@ -30,4 +30,11 @@ class EMA(Aggregator):
         # The whole row is scaled: an entry no longer cached never returns and one not cached yet is still 0,
         # so only the cached entries' values matter, and they round as in ``combine``.
         rows.mul_(self.alpha)
-        rows.scatter_add_(1, positions, (1.0 - self.alpha) * score)
+        add_scaled(rows, positions, score, 1.0 - self.alpha)
+
+    def fold_layers(self, rows: Tensor, positions: Tensor, score: Tensor, layer: int, layers: int) -> None:
+        # Layer l of L adds (1 - alpha) alpha^(L-1-l) of its score to the state alpha^L had at the step's start:
+        # one decay per step instead of one per layer.
+        if layer == 0:
+            rows.mul_(self.alpha**layers)
+        add_scaled(rows, positions, score, (1.0 - self.alpha) * self.alpha ** (layers - 1 - layer))

@@ -20,3 +20,7 @@ class AttentionScorer(Scorer):
 
     def score(self, view: LayerView) -> Tensor:
         return group_mean(view)
+
+    def pooled(self, view: LayerView) -> Tensor:
+        # Every KV head's group has as many query heads: the mean over all of them is the mean of the groups' means.
+        return group_mean(view, heads=(-3, -2)).unsqueeze(-2)

@@ -50,13 +50,19 @@ class Scorer(ABC):
     def score(self, view: LayerView) -> Tensor:
         """Scores ``(kv_heads, T)`` for the entries of ``view``."""
 
+    def pooled(self, view: LayerView) -> Tensor:
+        """The mean of ``score`` over the KV heads, ``(1, T)`` (stacked rows: ``(N, 1, T)``). A scorer may compute it
+        in one pass, which rounds otherwise, so a method calls it only under ``SequenceInfo.numerics`` 3."""
+        return self.score(view).mean(dim=-2, keepdim=True)
 
-def group_mean(view: LayerView) -> Tensor:
-    """Attention of the current query, mean-pooled over each KV head's query group."""
+
+def group_mean(view: LayerView, heads: tuple[int, ...] = (-2,)) -> Tensor:
+    """Attention of the current query, mean-pooled over each KV head's query group (``heads`` (-3, -2): over every
+    query head at once, ``(T,)``)."""
     if view.weights is None:
         raise ValueError("this scorer needs attention weights, but the view carries none")
     # The group is the second-last dimension: a batch's stacked rows lead with one more.
-    return view.weights.float().mean(dim=-2)
+    return view.weights.float().mean(dim=heads)
 
 
 class EntryNorms:
