@@ -108,8 +108,8 @@ def test_stacked_steps_compile_as_one_graph_per_path_and_never_recompile(tiny_mo
     engine.around_step = lambda step: _Steps(steps, step, graphs=True)
     # fullgraph=True: a graph break raises here.
     compiled = dict(engine.generate_batch(enumerate(requests), 3))
-    eager = Engine(model, named_method(name, "rho=0.5"), numerics=numerics).generate_batch(enumerate(requests), 3)
-    eager = dict(eager)
+    reference = Engine(model, named_method(name, "rho=0.5"), numerics=numerics)
+    eager = dict(reference.generate_batch(enumerate(requests), 3))
     assert [compiled[i].tokens for i in range(3)] == [eager[i].tokens for i in range(3)]
     late = [made for step, made, _ in steps if step > 8]
     assert len(rows) >= 64 and sum(late) == 0, f"{name} recompiled after its warm-up"
