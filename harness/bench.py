@@ -19,7 +19,7 @@ query and 8 KV heads of 128; the widths that only size the products are cut, whi
 and whether the step compiles as one graph that never recompiles (``compiled``: the CPU's proxy of
 CUDA-graph capture; ``eager`` where the method has no static steady state, or at batch > 1).
 
-``--numerics 1 2 3`` runs the ``--ops`` table and the batch table under each of the engine's numerics
+``--numerics 1 2 3 4`` runs the ``--ops`` table and the batch table under each of the engine's numerics
 (``harness.decode.engine.NUMERICS``; 1 alone by default).
 
 With ``--kvpress <python of an environment with kvpress>`` (kvpress pins its own transformers:
@@ -351,7 +351,7 @@ def main() -> None:
     parser.add_argument("--ops", action="store_true", help="count kernels and host syncs per steady step instead")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="--ops: the model's dtypes")
     parser.add_argument(
-        "--numerics", type=int, nargs="+", default=[1], help="--ops and the batch table: the engine's numerics (1-3)"
+        "--numerics", type=int, nargs="+", default=[1], help="--ops and the batch table: the engine's numerics (1-4)"
     )
     args = parser.parse_args()
     if args.threads:

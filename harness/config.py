@@ -71,7 +71,7 @@ def check_top_level(cfg: DictConfig) -> None:
     if cfg.numerics not in NUMERICS:
         raise ValueError(
             f"numerics={cfg.numerics!r} is not one of {', '.join(map(str, NUMERICS))} — use numerics=1 (the reference)"
-            ", numerics=2 or 3 (fewer kernels a step)"
+            ", numerics=2, 3 or 4 (fewer kernels a step)"
         )
     if cfg.diagnostics and cfg.batch_size > 1:
         raise ValueError(

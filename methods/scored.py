@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from methods.aggregators.base import Aggregator
+from methods.aggregators.base import Aggregator, add_scaled
 from methods.base import EvictionMethod, KeepPlan, LayerView, Refill, RowStack, SequenceInfo
 from methods.options import require_int, require_number
 from methods.prompt_attention import prompt_attention_votes
@@ -132,6 +132,8 @@ class ScoredEviction(EvictionMethod):
             # Each entry's highest single-layer score until the first eviction.
             self.peak = torch.zeros_like(self.state)
         self._evicted = False
+        self._pending: list[LayerView] = []
+        self._step_fold = self._layer_fold(info)
         self._reserved = None
         if self._budget is not None:
             self._reserved = self.selection.reserved(self._budget, info.prefill_len, capacity, info.device)
@@ -192,8 +194,32 @@ class ScoredEviction(EvictionMethod):
         """Whether the arithmetic is regrouped into fewer kernels (``SequenceInfo.numerics``)."""
         return self.info.numerics >= 3
 
+    def _layer_fold(self, info: SequenceInfo) -> tuple[float, Tensor] | None:
+        """Under ``numerics`` 4, a state shared by every layer (token granularity) under a rule linear in it
+        (``Aggregator.layer_coefficients``) takes a step's layers at once: the step's decay, and the layers'
+        weights times L (``Scorer.layer_mean`` takes their mean)."""
+        if info.numerics < 4 or self.selection.granularity != "token":
+            return None
+        coefficients = self.aggregator.layer_coefficients(info.num_layers)
+        if coefficients is None:
+            return None
+        decay, weights = coefficients
+        return decay, torch.tensor([weight * info.num_layers for weight in weights], device=info.device)
+
     def observe(self, view: LayerView) -> None:
-        if self.selection.granularity != "head" and self._regrouped:
+        if self._step_fold is not None and not (self._rescue and not self._evicted):
+            # The layers' views wait for the last: one pass over all of them, one fold (a rescue's per-layer
+            # peaks need each layer's own scores).
+            self._pending.append(view)
+            if view.layer == self.info.num_layers - 1:
+                views, self._pending = self._pending, []
+                decay, weights = self._step_fold
+                scores = self.scorer.layer_mean(views, weights).to(self.state.device, self.state.dtype)
+                rows, positions = self.state[0], self._row_positions(view.positions)
+                if decay != 1.0:
+                    rows.mul_(decay)
+                add_scaled(rows, positions, scores, 1.0)
+        elif self.selection.granularity != "head" and self._regrouped:
             self._combine(view, self.scorer.pooled(view), pooled=True)
         else:
             self._combine(view, self.scorer.score(view))
@@ -247,7 +273,7 @@ class ScoredEviction(EvictionMethod):
         reserved = [method._reserved for method in methods]
         return ScoredRows(
             states, budgets, reserved, steps, self._scheduled, self.selection, self.scorer, self.aggregator,
-            self.info.num_layers, self._regrouped,
+            self.info.num_layers, self._regrouped, self._step_fold,
         )  # fmt: skip
 
     def evict_one(self, positions: Tensor, seen: Tensor | int, observed: bool) -> Tensor:

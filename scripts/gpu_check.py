@@ -15,7 +15,7 @@ summary at the end lists them. On Llama-3.1-8B's geometry with random weights (n
   peak memory; the prefill-scoring and ragged methods (h2o, tova_decode, adakv_ea, kvzip) must
   finish at that length.
 
-Every engine runs with ``numerics`` 3 (``--numerics``), the step a GPU run should take.
+Every engine runs with ``numerics`` 4 (``--numerics``), the step a GPU run should take.
 
 Off a GPU (``--device cpu --length 512``) the same code runs on a small geometry: a smoke test of
 the script, not a figure.
@@ -45,8 +45,8 @@ LONG_METHODS = ("h2o", "tova_decode", "adakv_ea", "kvzip")
 # Off a GPU: narrow widths, and a vocabulary that still holds SmolLM2's token ids (KVzip's passes use its tokenizer).
 SMALL = ("model.config.hidden_size=256", "model.config.intermediate_size=512", "model.config.vocab_size=49152")
 RHO = 0.9
-#: What every engine here is built with (``--numerics``): 3, the step a GPU run should take, by default.
-ENGINE: dict[str, Any] = {"numerics": 3}
+#: What every engine here is built with (``--numerics``): 4, the step a GPU run should take, by default.
+ENGINE: dict[str, Any] = {"numerics": 4}
 results: list[tuple[str, str, str]] = []
 
 
@@ -189,7 +189,7 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=8192, help="the other checks' prompt")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--numerics", type=int, default=3, help="the engine's numerics (harness.decode.engine)")
+    parser.add_argument("--numerics", type=int, default=4, help="the engine's numerics (harness.decode.engine)")
     args = parser.parse_args()
     ENGINE["numerics"] = args.numerics
     bf16 = model(args, "bfloat16")

@@ -9,8 +9,9 @@ import torch
 from conftest import NAMED_METHODS, TINY_MODELS, named_method
 
 from harness.decode import attention, kv_cache
+from harness.decode.counting import counting
 from harness.decode.engine import Engine, Request
-from harness.decode.evicting_attention import ragged_single_query_attention, single_query_attention
+from harness.decode.evicting_attention import query_attention, ragged_single_query_attention, single_query_attention
 from harness.decode.sampling import Sampling
 from methods.full import FullCache
 from methods.scorers.bilinear import BilinearHead, BilinearInfo, save_bilinear
@@ -172,6 +173,25 @@ def test_single_query_attention_matches_sdpa():
     bias[:, 7] = -torch.inf
     _, masked = single_query_attention(query, key, value, 0.25, bias)
     assert torch.all(masked[:, :, 7] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_attention_folds_scale_and_bias_into_one_product_and_gives_the_same_attention(dtype):
+    # numerics 4: one baddbmm where the reference takes a product, a scale and a bias add.
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(3, 6, 1, 16, generator=generator).to(dtype)
+    key = torch.randn(3, 2, 40, 16, generator=generator).to(dtype)
+    value = torch.randn(3, 2, 40, 16, generator=generator).to(dtype)
+    bias = torch.zeros(3, 2, 40).masked_fill(torch.rand(3, 2, 40, generator=generator) < 0.3, -torch.inf)
+    for row_bias in (None, bias):
+        expected = query_attention(query, key, value, 0.25, row_bias)
+        with torch.inference_mode(), counting() as counts:  # as the engine decodes: matmul is one operation
+            fused = query_attention(query, key, value, 0.25, row_bias, fused=True)
+        assert counts.kernels["baddbmm"] == 1 and counts.kernels["matmul"] == 1
+        assert "mul" not in counts.kernels and "add" not in counts.kernels
+        torch.testing.assert_close(fused[1], expected[1], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(fused[0], expected[0])
+    assert torch.all(fused[1][bias[:, :, None, :].expand_as(fused[1]) == -torch.inf] == 0)
 
 
 def test_every_sequence_starts_fresh_and_evicts_every_step(tiny_models):

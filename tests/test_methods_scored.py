@@ -114,8 +114,9 @@ def pad(x: Tensor, length: int) -> Tensor:
 # ------------------------------------------------------------------------------------ aggregation
 
 
-# Numerics 3 pools the query heads in one mean and decays a shared state once per step: the same closed forms.
-@pytest.mark.parametrize("numerics", [1, 3])
+# Numerics 3 pools the query heads in one mean and decays a shared state once per step, and 4 folds a step's
+# layers at once: the same closed forms.
+@pytest.mark.parametrize("numerics", [1, 3, 4])
 def test_ema_token_state_is_layer_weighted_closed_form_within_one_step(numerics) -> None:
     method = ScoredEviction(AttentionScorer(), EMA(alpha=A), Selection(budget_tokens=100))
     driver = start(method, seq(prefill_len=5, layers=3, kv_heads=2, group=2, numerics=numerics))
@@ -129,7 +130,7 @@ def test_ema_token_state_is_layer_weighted_closed_form_within_one_step(numerics)
     assert not method.state[0, 0, 6:].any()
 
 
-@pytest.mark.parametrize("numerics", [1, 3])
+@pytest.mark.parametrize("numerics", [1, 3, 4])
 def test_ema_token_state_across_two_steps_decays_the_older_step_by_alpha_to_the_k(numerics) -> None:
     method = run_two_steps(EMA(alpha=A), "token", numerics)
     K = 3
@@ -138,7 +139,7 @@ def test_ema_token_state_across_two_steps_decays_the_older_step_by_alpha_to_the_
     torch.testing.assert_close(method.state[0, 0, :7], A**K * pad(first, 7) + second)
 
 
-@pytest.mark.parametrize("numerics", [1, 3])
+@pytest.mark.parametrize("numerics", [1, 3, 4])
 def test_cumulative_token_state_is_the_sum_of_all_layer_scores(numerics) -> None:
     method = run_two_steps(Cumulative(), "token", numerics)
     expected = sum(pad(s, 7) for s in S1) + sum(S2)
@@ -185,6 +186,45 @@ def test_fold_layers_gives_a_steps_layer_by_layer_folds(aggregator) -> None:
         assert not torch.equal(regrouped, expected)
     else:
         assert torch.equal(regrouped, expected)
+
+
+@pytest.mark.parametrize("aggregator", AGGREGATORS, ids=repr)
+def test_layer_coefficients_give_a_steps_layer_by_layer_folds(aggregator) -> None:
+    generator = torch.Generator().manual_seed(4)
+    layers = 6
+    rows = torch.rand(1, 40, generator=generator)
+    positions = torch.randperm(40, generator=generator)[None, :25]
+    scores = torch.rand(layers, 1, 25, generator=generator) / 9
+    expected = rows.clone()
+    for layer in range(layers):
+        aggregator.fold(expected, positions, scores[layer])
+    coefficients = aggregator.layer_coefficients(layers)
+    if isinstance(aggregator, SingleStep):
+        # A replacing rule is not a weighted sum of the step's scores.
+        assert coefficients is None
+        return
+    decay, weights = coefficients
+    folded = rows * decay
+    folded[0, positions[0]] += sum(weight * score[0] for weight, score in zip(weights, scores, strict=True))
+    torch.testing.assert_close(folded, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_the_attention_scorers_layer_mean_is_the_weighted_mean_of_its_pooled_scores() -> None:
+    generator = torch.Generator().manual_seed(5)
+    weights = torch.rand(4, 4, 3, 2, 11, generator=generator).softmax(dim=-1)  # L layers, N rows, 3 KV heads x 2
+    factors = torch.tensor([0.5, 1.0, 2.0, 4.0])
+    values = torch.rand(4, 3, 11, 5, generator=generator)
+    # VNorm pools by the default (its scores' mean over the KV heads, then the layers'), for one sequence.
+    for scorer, cases in ((AttentionScorer(), (weights[:, 0], weights)), (VNormScorer(), (weights[:, 0],))):
+        for stacked in cases:
+            views = [
+                LayerView(layer, keys=None, values=values[layer], positions=None, weights=layer_weights)
+                for layer, layer_weights in enumerate(stacked)
+            ]
+            expected = sum(factor * scorer.pooled(view) for factor, view in zip(factors, views, strict=True)) / 4
+            mean = scorer.layer_mean(views, factors)
+            assert mean.shape == expected.shape == (*stacked.shape[1:-3], 1, 11)
+            torch.testing.assert_close(mean, expected, rtol=1e-6, atol=1e-8)
 
 
 def test_the_attention_scorers_pooled_score_is_the_mean_of_its_heads_scores() -> None:

@@ -130,7 +130,9 @@ class _Steps(contextlib.AbstractContextManager):
         self.into.append((self.step, made, self.counts))
 
 
-@pytest.mark.parametrize("name,numerics", [*((name, 1) for name in CAPTURED), ("inertia", 3), ("tova_decode", 3)])
+@pytest.mark.parametrize(
+    "name,numerics", [*((name, 1) for name in CAPTURED), ("inertia", 3), ("tova_decode", 3), ("inertia", 4), ("h2o", 4)]
+)
 def test_the_steady_step_compiles_as_one_graph_per_path_and_never_recompiles(tiny_models, monkeypatch, name, numerics):
     model = tiny_models["tiny_llama"]
     torch._dynamo.reset()
@@ -192,6 +194,25 @@ def test_numerics_3_pools_the_heads_in_one_mean_and_decays_inertias_state_once_a
     assert counts[2]["mul_"] == layers and counts[3]["mul_"] == 1
     assert counts[2]["index_add_"] == counts[3]["index_add_"] == layers and "scatter_add_" not in counts[2]
     assert sum(counts[2].values()) - sum(counts[3].values()) == 2 * layers - 1
+
+
+def test_numerics_4_folds_inertias_layers_at_once_and_its_scale_into_the_product(tiny_models):
+    model = tiny_models["tiny_llama"]
+    layers = model.config.num_hidden_layers
+    counts = {}
+    for numerics in (3, 4):
+        steps: list = []
+        engine = Engine(model, named_method("inertia", "rho=0.5"), token_lag=4, numerics=numerics)
+        engine.around_step = lambda step, steps=steps: _Steps(steps, step)
+        engine.generate(Request(prompt(), 20))
+        counts[numerics] = steps[-1][2].kernels
+    # The layers' weights wait for the last layer: one stack, one weighted mean, one decay, one scaled add.
+    assert counts[3]["mean"] - counts[4]["mean"] == layers - 1 and counts[4]["stack"] == 1
+    assert counts[3]["index_add_"] == layers and counts[4]["index_add_"] == counts[4]["mul_"] == 1
+    # Each layer's logits in one product with their scale (one mul a step weighs the layers).
+    assert counts[4]["baddbmm"] == layers and counts[3]["mul"] - counts[4]["mul"] == layers - 1
+    assert counts[3]["matmul"] - counts[4]["matmul"] == layers
+    assert sum(counts[3].values()) - sum(counts[4].values()) == 3 * layers - 4
 
 
 @pytest.mark.parametrize("token_lag", [0, 4])

@@ -43,7 +43,7 @@ def finished_rows(monkeypatch) -> list:
     return rows
 
 
-@pytest.mark.parametrize("numerics", [2, 3])
+@pytest.mark.parametrize("numerics", [2, 3, 4])
 @pytest.mark.parametrize("name", [*CAPTURED, "inertia_reserve"])
 def test_steady_rows_keep_what_each_row_keeps_alone_under_the_reference(tiny_models, monkeypatch, name, numerics):
     """Five prompts of different lengths (so different budgets: the rows' slots are padded), three decoding
@@ -97,7 +97,9 @@ def test_a_stacked_step_reads_nothing_on_the_host_and_runs_as_many_kernels_whate
     assert max(sum(c.kernels.values()) for c in five) <= 1.2 * most
 
 
-@pytest.mark.parametrize("name,numerics", [("inertia", 2), ("inertia_lazy", 2), ("inertia", 3)])
+@pytest.mark.parametrize(
+    "name,numerics", [("inertia", 2), ("inertia_lazy", 2), ("inertia", 3), ("inertia", 4), ("inertia_lazy", 4)]
+)
 def test_stacked_steps_compile_as_one_graph_per_path_and_never_recompile(tiny_models, monkeypatch, name, numerics):
     model = tiny_models["tiny_llama"]
     torch._dynamo.reset()

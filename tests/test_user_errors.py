@@ -93,7 +93,9 @@ def cases(f: dict[str, Path]) -> dict[str, Case]:
         ),
         "seed": Case(("seed=abc",), r"seed='abc' is not an integer — "),
         "threads": Case(("threads=abc",), r"threads='abc' is not a positive integer — "),
-        "numerics": Case(("numerics=4",), r"numerics=4 is not one of 1, 2, 3 — use numerics=1 .*, numerics=2 or 3 "),
+        "numerics": Case(
+            ("numerics=5",), r"numerics=5 is not one of 1, 2, 3, 4 — use numerics=1 .*, numerics=2, 3 or 4 "
+        ),
         "profile": Case(("profile=maybe",), r"profile='maybe' is not true or false — use profile=true"),
         "temperature": Case(
             ("sampling.temperature=hot",), r"sampling\.temperature='hot' is not a finite number >= 0 — "

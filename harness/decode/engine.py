@@ -151,8 +151,11 @@ def check_servable(
 #: 3: 2, and the scored methods' arithmetic regrouped (``SequenceInfo.numerics``): a pooled score's one
 #: mean over the query heads (``Scorer.pooled``), a layer-shared state's one decay a step
 #: (``Aggregator.fold_layers``).
+#: 4: 3, and a step's arithmetic folded further: the explicit attention's scale and bias in the logits'
+#: product (``evicting_attention.query_attention``), and a layer-shared state under a linear rule takes the
+#: step's layers in one pass and one fold (``Aggregator.layer_coefficients``, ``Scorer.layer_mean``).
 #: Each sums in another order than the one before, so a near-tie in a keep set can flip.
-NUMERICS = (1, 2, 3)
+NUMERICS = (1, 2, 3, 4)
 
 
 @dataclass
@@ -429,7 +432,7 @@ class Engine:
         # Room for the prompt and the first step's token, or for the cache's growth up to the budget.
         capacity = most if budget is None else min(most, max(prefill_len + 1, budget + 1))
         cache = kv_cache.new_cache(self.model, capacity, most, padded_heads=self.numerics >= 2)
-        state = StepState(driver, cache)
+        state = StepState(driver, cache, numerics=self.numerics)
         with EVICTING.active(state):
             logits = self._forward(input_ids, 0, cache)
         state.peak_bytes = max(state.peak_bytes, kv_cache.cache_bytes(cache))

@@ -43,12 +43,15 @@ class StepState:
             "no second attention pass" counts them).
         peak_bytes: the most key/value bytes the cache held at any layer call of a multi-query
             forward (the prefill and reconstruction passes), before that layer's eviction.
+        numerics: the engine's (``harness.decode.engine.NUMERICS``); from 4 the explicit attention folds its
+            scale and bias into the logits' product (``query_attention``).
     """
 
     driver: Driver
     cache: object = None
     attention_calls: dict[int, int] = field(default_factory=dict)
     peak_bytes: int = 0
+    numerics: int = 1
 
     @property
     def positions(self) -> list[Tensor]:
@@ -73,6 +76,7 @@ class RowsStep:
         free: True past each row's slots, ``(N, S)``.
         observing, attention: whether the rows' methods observe this step, and need its weights.
         some: only some rows observe it (``RowStack.observe``).
+        fused: the explicit attention folds its scale and bias into the logits' product (``numerics`` 4).
     """
 
     stack: RowStack
@@ -81,6 +85,7 @@ class RowsStep:
     observing: bool
     attention: bool
     some: bool = False
+    fused: bool = False
 
     def __post_init__(self) -> None:
         # Every KV head of a row has the same slots: the mask and the bias broadcast over heads.
@@ -122,7 +127,7 @@ def _steady_rows(step: RowsStep, call: AttentionCall) -> tuple[Tensor, Tensor | 
     observe the layer."""
     weights = None
     if step.attention:
-        output, weights = query_attention(call.query, call.key, call.value, call.scaling, step.bias)
+        output, weights = query_attention(call.query, call.key, call.value, call.scaling, step.bias, step.fused)
     else:
         output = dataclasses.replace(call, mask=step.mask).sdpa()[0]
     if step.observing:
@@ -135,15 +140,15 @@ def _steady_rows(step: RowsStep, call: AttentionCall) -> tuple[Tensor, Tensor | 
 
 
 def single_query_attention(
-    query: Tensor, key: Tensor, value: Tensor, scaling: float, bias: Tensor | None
+    query: Tensor, key: Tensor, value: Tensor, scaling: float, bias: Tensor | None, fused: bool = False
 ) -> tuple[Tensor, Tensor]:
     """``query_attention`` of one sequence: bias ``(Hkv, T)``, weights ``(Hkv, H/Hkv, T)``."""
-    output, weights = query_attention(query, key, value, scaling, None if bias is None else bias[None])
+    output, weights = query_attention(query, key, value, scaling, None if bias is None else bias[None], fused)
     return output, weights[0]
 
 
 def query_attention(
-    query: Tensor, key: Tensor, value: Tensor, scaling: float, bias: Tensor | None
+    query: Tensor, key: Tensor, value: Tensor, scaling: float, bias: Tensor | None, fused: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Attention of one query row per sequence with its weights, GQA-grouped without repeating keys.
 
@@ -153,22 +158,46 @@ def query_attention(
     the output error was 8x SDPA's, so a scored and an unscored step ran on different numerics);
     only the value product runs in the model's dtype. The weights handed on stay fp32. On CUDA a
     half-precision product accumulates and writes fp32 itself (``out_dtype``), so the keys are not
-    copied to fp32 at every scored step; elsewhere they are.
+    copied to fp32 at every scored step; elsewhere they are. ``fused`` (``numerics`` 4) folds the scale and
+    the bias into the product on the CPU (``baddbmm``: one rounding where there were three, two kernels fewer).
     """
     rows, heads, _, dim = query.shape
     kv_heads = key.shape[1]
     grouped = query.view(rows, kv_heads, heads // kv_heads, dim)
-    logits = _fp32_logits(grouped, key) * scaling
-    if bias is not None:
-        logits = logits + bias[:, :, None, :].float()
+    if fused and not _mixed_product(key):
+        logits = _fused_logits(grouped.float(), key.float(), scaling, bias)
+    else:
+        logits = _fp32_logits(grouped, key) * scaling
+        if bias is not None:
+            logits = logits + bias[:, :, None, :].float()
     weights = torch.softmax(logits, dim=-1)
     output = torch.matmul(weights.to(value.dtype), value).view(rows, heads, 1, dim).transpose(1, 2)
     return output, weights
 
 
+def _mixed_product(key: Tensor) -> bool:
+    """Whether the logits' product reads half-precision keys and writes fp32 itself (CUDA's ``out_dtype``)."""
+    return key.is_cuda and key.dtype in (torch.bfloat16, torch.float16)
+
+
+def _fused_logits(grouped: Tensor, key: Tensor, scaling: float, bias: Tensor | None) -> Tensor:
+    """``scaling * grouped @ key^T + bias`` in one fp32 product, ``(N, Hkv, group, T)``."""
+    rows, kv_heads, group, _ = grouped.shape
+    length = key.shape[2]
+    if bias is None:
+        # beta = 0: the input only gives the output's shape, and a view of the queries costs no kernel.
+        base, beta = grouped.flatten(0, 1)[:, :, :1], 0.0
+    else:
+        base, beta = bias.float()[:, :, None, :].expand(rows, kv_heads, group, length).flatten(0, 1), 1.0
+    product = torch.baddbmm(
+        base, grouped.flatten(0, 1), key.flatten(0, 1).transpose(-1, -2), beta=beta, alpha=scaling
+    )  # fmt: skip
+    return product.view(rows, kv_heads, group, length)
+
+
 def _fp32_logits(grouped: Tensor, key: Tensor) -> Tensor:
     """``grouped @ key^T`` in fp32, ``(N, Hkv, group, T)``: on CUDA without an fp32 copy of the keys."""
-    if key.is_cuda and key.dtype in (torch.bfloat16, torch.float16):
+    if _mixed_product(key):
         rows, kv_heads, group, _ = grouped.shape
         product = torch.bmm(grouped.flatten(0, 1), key.flatten(0, 1).transpose(-1, -2), out_dtype=torch.float32)
         return product.view(rows, kv_heads, group, -1)
@@ -211,7 +240,12 @@ def _sdpa_mask(free: Tensor, query_heads: int) -> Tensor:
 
 
 def _padded(
-    call: AttentionCall, filled: Tensor, lengths: list[int], bias: tuple[Tensor, ...] | None, scored: bool
+    call: AttentionCall,
+    filled: Tensor,
+    lengths: list[int],
+    bias: tuple[Tensor, ...] | None,
+    scored: bool,
+    fused: bool = False,
 ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
     """One query row over a ``PaddedHeadsLayer``'s heads in one pass: the slots past ``filled[h]`` are masked.
 
@@ -228,7 +262,7 @@ def _padded(
         return dataclasses.replace(call, mask=_sdpa_mask(free[None], call.query.shape[1])).sdpa()[0], None
     else:
         mask = torch.where(free, -torch.inf, 0.0)
-    output, weights = single_query_attention(call.query, key, call.value, call.scaling, mask)
+    output, weights = single_query_attention(call.query, key, call.value, call.scaling, mask, fused)
     return output, tuple(weights[head, :, :length] for head, length in enumerate(lengths))
 
 
@@ -304,7 +338,7 @@ def _forward(state: StepState | BatchState, call: AttentionCall) -> tuple[Tensor
         else:
             key = tuple(call.key[0, head, :length] for head, length in enumerate(lengths))
             value = tuple(call.value[0, head, :length] for head, length in enumerate(lengths))
-            output, weights = _padded(call, filled, lengths, bias, driver.attention)
+            output, weights = _padded(call, filled, lengths, bias, driver.attention, state.numerics >= 4)
         if weights is not None:
             state.count_attention(layer, steady)
     else:
@@ -312,7 +346,9 @@ def _forward(state: StepState | BatchState, call: AttentionCall) -> tuple[Tensor
         if not driver.attention and bias is None:
             output, _ = call.sdpa()
         else:
-            output, weights = single_query_attention(call.query, call.key, call.value, call.scaling, bias)
+            output, weights = single_query_attention(
+                call.query, call.key, call.value, call.scaling, bias, state.numerics >= 4
+            )  # fmt: skip
             state.count_attention(layer, steady)
     if driver.observing:
         seen = None if steady else driver.seen

@@ -179,7 +179,10 @@ class SteadyRows(_Paths):
         if path not in self.states:
             # Whether the methods read the weights follows from whether they observe (as in ``SteadyLoop``'s paths).
             attention = any(sequence.state.driver.attention for sequence in self.sequences)
-            steady = RowsStep(self.stack, self.table, self.slots.free, path != self.NONE, attention, path == self.SOME)
+            fused = self.sequences[0].state.numerics >= 4
+            steady = RowsStep(
+                self.stack, self.table, self.slots.free, path != self.NONE, attention, path == self.SOME, fused
+            )  # fmt: skip
             self.states[path] = BatchState([sequence.state for sequence in self.sequences], steady=steady)
         with EVICTING.active(self.states[path]):
             self.run(path)

@@ -42,8 +42,14 @@ class Aggregator(ABC):
     def fold_layers(self, rows: Tensor, positions: Tensor, score: Tensor, layer: int, layers: int) -> None:
         """``fold`` into a state that each of a step's ``layers`` layers folds into in turn (token granularity),
         this being layer ``layer``'s: a rule may regroup the step's folds into fewer kernels, which rounds
-        otherwise, so a method calls it only under ``SequenceInfo.numerics`` 3."""
+        otherwise, so a method calls it only from ``SequenceInfo.numerics`` 3."""
         self.fold(rows, positions, score)
+
+    def layer_coefficients(self, layers: int) -> tuple[float, tuple[float, ...]] | None:
+        """``(d, c)`` when a step's folds of ``layers`` layers' scores into a state they share amount to
+        ``m <- d * m + sum_l c[l] * s_l``, else None. A rule of that form lets a method fold the step's layers at
+        once (``SequenceInfo.numerics`` 4), which rounds otherwise."""
+        return None
 
     def watch(self, layer: int, positions: Tensor, score: Tensor) -> None:
         """One layer's fresh scores ``(rows, T)`` at ``positions`` during an observed step."""
@@ -62,7 +68,7 @@ def add_scaled(rows: Tensor, positions: Tensor, score: Tensor, weight: float) ->
     if rows.shape[0] == 1:
         rows[0].index_add_(0, positions[0], score[0], alpha=weight)
     else:
-        rows.scatter_add_(1, positions, weight * score)
+        rows.scatter_add_(1, positions, score if weight == 1.0 else weight * score)
 
 
 def top_positions(positions: Tensor, scores: Tensor, k: int) -> Tensor:

@@ -18,3 +18,6 @@ class Cumulative(Aggregator):
 
     def fold(self, rows: Tensor, positions: Tensor, score: Tensor) -> None:
         rows.scatter_add_(1, positions, score)
+
+    def layer_coefficients(self, layers: int) -> tuple[float, tuple[float, ...]]:
+        return 1.0, (1.0,) * layers

@@ -38,3 +38,8 @@ class EMA(Aggregator):
         if layer == 0:
             rows.mul_(self.alpha**layers)
         add_scaled(rows, positions, score, (1.0 - self.alpha) * self.alpha ** (layers - 1 - layer))
+
+    def layer_coefficients(self, layers: int) -> tuple[float, tuple[float, ...]]:
+        return self.alpha**layers, tuple(
+            (1.0 - self.alpha) * self.alpha ** (layers - 1 - layer) for layer in range(layers)
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
@@ -52,8 +53,14 @@ class Scorer(ABC):
 
     def pooled(self, view: LayerView) -> Tensor:
         """The mean of ``score`` over the KV heads, ``(1, T)`` (stacked rows: ``(N, 1, T)``). A scorer may compute it
-        in one pass, which rounds otherwise, so a method calls it only under ``SequenceInfo.numerics`` 3."""
+        in one pass, which rounds otherwise, so a method calls it only from ``SequenceInfo.numerics`` 3."""
         return self.score(view).mean(dim=-2, keepdim=True)
+
+    def layer_mean(self, views: Sequence[LayerView], weights: Tensor) -> Tensor:
+        """The mean over a step's layers of ``weights[l] * pooled(views[l])``, ``(1, T)`` (stacked rows: ``(N, 1, T)``),
+        the views over the same entries. A scorer may compute it in one pass, which rounds otherwise, so a method
+        calls it only under ``SequenceInfo.numerics`` 4."""
+        return torch.stack([self.pooled(view) for view in views], dim=-1).mul(weights).mean(dim=-1)
 
 
 def group_mean(view: LayerView, heads: tuple[int, ...] = (-2,)) -> Tensor:
