@@ -19,8 +19,8 @@ query and 8 KV heads of 128; the widths that only size the products are cut, whi
 and whether the step compiles as one graph that never recompiles (``compiled``: the CPU's proxy of
 CUDA-graph capture; ``eager`` where the method has no static steady state, or at batch > 1).
 
-``--numerics 1 2 3 4`` runs the ``--ops`` table and the batch table under each of the engine's numerics
-(``harness.decode.engine.NUMERICS``; 1 alone by default).
+``--numerics 1 2 3 4`` runs every table under each of the engine's numerics (``harness.decode.engine.NUMERICS``;
+1 alone by default; full and full@B, the single-sequence table's references, under 1).
 
 With ``--kvpress <python of an environment with kvpress>`` (kvpress pins its own transformers:
 ``scripts/kvpress_decode.py`` says how to make one) it also runs kvpress's decode-time press,
@@ -64,6 +64,7 @@ class BenchRow:
     length: int
     rho: float
     method: str
+    numerics: int
     context: int
     budget: int | None
     decode_tok_s: float
@@ -92,6 +93,7 @@ def measure(
         length=length,
         rho=rho,
         method=label,
+        numerics=engine.numerics,
         context=len(ids),
         budget=result.budget,
         decode_tok_s=steps / result.decode_s,
@@ -129,10 +131,12 @@ def run(
     new_tokens: int,
     repeats: int = 1,
     profile: bool = False,
+    numerics: Sequence[int] = (1,),
 ) -> pd.DataFrame:
-    """One row per length, rho and method: the median over ``repeats`` rounds, each round running
+    """One row per length, rho, method and ``numerics``: the median over ``repeats`` rounds, each round running
     every method once in turn (interleaved, so a slow spell of a shared machine hits them all).
-    ``profile``: also the score and evict shares of a step, from a profiled generation (``measure``)."""
+    ``profile``: also the score and evict shares of a step, from a profiled generation (``measure``).
+    The references, full and full@B, run under the reference numerics (1): their step is SDPA's under any."""
     spec = model_spec(model_name)
     tokenizer = load_tokenizer(spec)
     model = load_model(spec)
@@ -142,14 +146,15 @@ def run(
         for rho in rhos:
             for _ in range(repeats):
                 for name in methods:
-                    engine = Engine(model, bench_method(name, rho), tokenizer=tokenizer)
-                    rows.append(measure(engine, ids, new_tokens, name, rho, length, profile))
-                    print(rows[-1], flush=True)
+                    for number in (1,) if name == "full" else numerics:
+                        engine = Engine(model, bench_method(name, rho), tokenizer=tokenizer, numerics=number)
+                        rows.append(measure(engine, ids, new_tokens, name, rho, length, profile))
+                        print(rows[-1], flush=True)
                 budget = exact_floor((1 - rho) * len(ids))
                 rows.append(measure(Engine(model, FullCache()), ids[-budget:], new_tokens, "full@B", rho, length))
                 print(rows[-1], flush=True)
     runs = pd.DataFrame([asdict(r) for r in rows])
-    table = runs.groupby(["length", "rho", "method"], sort=False).median(numeric_only=True).reset_index()
+    table = runs.groupby(["length", "rho", "method", "numerics"], sort=False).median(numeric_only=True).reset_index()
     keys = list(zip(table.length, table.rho, strict=True))
     for reference in ("full", "full@B"):
         if reference not in set(table.method):
@@ -351,7 +356,7 @@ def main() -> None:
     parser.add_argument("--ops", action="store_true", help="count kernels and host syncs per steady step instead")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="--ops: the model's dtypes")
     parser.add_argument(
-        "--numerics", type=int, nargs="+", default=[1], help="--ops and the batch table: the engine's numerics (1-4)"
+        "--numerics", type=int, nargs="+", default=[1], help="the engine's numerics (1-4): every table runs under each"
     )
     args = parser.parse_args()
     if args.threads:
@@ -364,8 +369,9 @@ def main() -> None:
     header = f"\nmodel={args.model} new_tokens={args.new_tokens} threads={torch.get_num_threads()}"
     if not args.skip_single:
         table = run(
-            args.model, args.lengths, args.rhos, args.methods, args.new_tokens, args.repeats, not args.no_profile
-        )
+            args.model, args.lengths, args.rhos, args.methods, args.new_tokens, args.repeats, not args.no_profile,
+            args.numerics,
+        )  # fmt: skip
         print(f"{header} repeats={args.repeats}")
         print(table.round(3).to_string(index=False))
     if args.batch_sizes:

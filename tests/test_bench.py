@@ -19,3 +19,22 @@ def test_bench_rows_for_prefill_scoring_and_reconstructing_methods() -> None:
         assert 0.0 < table.loc[method, "prefill_score_share"] < 1.0
     assert table.loc["full", "x_full"] == table.loc["full@B", "x_full@B"] == 1.0
     assert table.loc["full", "prefill_x_full"] == 1.0
+    assert set(table.numerics) == {1}
+
+
+def test_bench_runs_each_method_under_each_numerics_against_the_reference_full() -> None:
+    table = run("tiny_llama", [512], [0.5], ["full", "inertia"], new_tokens=4, numerics=[1, 4])
+    assert list(zip(table.method, table.numerics, strict=True)) == [
+        ("full", 1),
+        ("inertia", 1),
+        ("inertia", 4),
+        ("full@B", 1),
+    ]
+    rows = table.set_index(["method", "numerics"])
+    # The same budget and cache under either numerics; speeds against the one full.
+    assert (
+        rows.loc[("inertia", 1), "budget"] == rows.loc[("inertia", 4), "budget"] == rows.loc[("full@B", 1), "context"]
+    )
+    for number in (1, 4):
+        speed = rows.loc[("inertia", number), "decode_tok_s"] / rows.loc[("full", 1), "decode_tok_s"]
+        assert rows.loc[("inertia", number), "x_full"] == speed
