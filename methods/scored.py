@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from methods.aggregators.base import Aggregator, add_scaled
+from methods.aggregators.base import Aggregator, StepFold
 from methods.base import EvictionMethod, KeepPlan, LayerView, Refill, RowStack, SequenceInfo
 from methods.options import require_int, require_number
 from methods.prompt_attention import prompt_attention_votes
@@ -194,17 +194,16 @@ class ScoredEviction(EvictionMethod):
         """Whether the arithmetic is regrouped into fewer kernels (``SequenceInfo.numerics``)."""
         return self.info.numerics >= 3
 
-    def _layer_fold(self, info: SequenceInfo) -> tuple[float, Tensor] | None:
+    def _layer_fold(self, info: SequenceInfo) -> StepFold | None:
         """Under ``numerics`` 4, a state shared by every layer (token granularity) under a rule linear in it
-        (``Aggregator.layer_coefficients``) takes a step's layers at once: the step's decay, and the layers'
-        weights times L (``Scorer.layer_mean`` takes their mean)."""
+        (``Aggregator.layer_coefficients``) takes a step's layers at once."""
         if info.numerics < 4 or self.selection.granularity != "token":
             return None
         coefficients = self.aggregator.layer_coefficients(info.num_layers)
         if coefficients is None:
             return None
         decay, weights = coefficients
-        return decay, torch.tensor([weight * info.num_layers for weight in weights], device=info.device)
+        return StepFold(decay, torch.tensor([weight * info.num_layers for weight in weights], device=info.device))
 
     def observe(self, view: LayerView) -> None:
         if self._step_fold is not None and not (self._rescue and not self._evicted):
@@ -213,12 +212,8 @@ class ScoredEviction(EvictionMethod):
             self._pending.append(view)
             if view.layer == self.info.num_layers - 1:
                 views, self._pending = self._pending, []
-                decay, weights = self._step_fold
-                scores = self.scorer.layer_mean(views, weights).to(self.state.device, self.state.dtype)
-                rows, positions = self.state[0], self._row_positions(view.positions)
-                if decay != 1.0:
-                    rows.mul_(decay)
-                add_scaled(rows, positions, scores, 1.0)
+                scores = self.scorer.layer_mean(views, self._step_fold.weights).to(self.state.device, self.state.dtype)
+                self._step_fold.fold(self.state[0], self._row_positions(view.positions), scores)
         elif self.selection.granularity != "head" and self._regrouped:
             self._combine(view, self.scorer.pooled(view), pooled=True)
         else:

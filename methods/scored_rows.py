@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from methods.aggregators.base import Aggregator, add_scaled
+from methods.aggregators.base import Aggregator, StepFold
 from methods.base import LayerView, RowStack
 from methods.scorers.base import Scorer
 from methods.selection import Selection, evict_unprotected
@@ -37,8 +37,7 @@ class ScoredRows(RowStack):
         layers: the model's layer count.
         regrouped: the rows' arithmetic is regrouped (``ScoredEviction._regrouped``: scores pooled at once, a
             token-granularity state decayed once a step).
-        step_fold: the decay and layer weights with which a step's layers fold at once (``numerics`` 4,
-            ``ScoredEviction._layer_fold``), or None.
+        step_fold: how a step's layers fold at once (``numerics`` 4, ``ScoredEviction._layer_fold``), or None.
     """
 
     def __init__(
@@ -53,7 +52,7 @@ class ScoredRows(RowStack):
         aggregator: Aggregator,
         layers: int,
         regrouped: bool,
-        step_fold: tuple[float, Tensor] | None = None,
+        step_fold: StepFold | None = None,
     ) -> None:
         self.states, self.selection, self.scorer, self.aggregator = states, selection, scorer, aggregator
         self.layers, self.regrouped, self.step_fold = layers, regrouped, step_fold
@@ -87,7 +86,7 @@ class ScoredRows(RowStack):
             if view.layer < self.layers - 1:
                 return
             views, self.pending = self.pending, []
-            scores = self.scorer.layer_mean(views, self.step_fold[1])
+            scores = self.scorer.layer_mean(views, self.step_fold.weights)
         elif self.pooled and self.regrouped:
             scores = self.scorer.pooled(view)
         else:
@@ -100,9 +99,7 @@ class ScoredRows(RowStack):
         rows = state.view(-1, state.shape[-1])
         positions, scores = view.positions.reshape(-1, length), scores.reshape(-1, length)
         if self.step_fold is not None:
-            if self.step_fold[0] != 1.0:
-                rows.mul_(self.step_fold[0])
-            add_scaled(rows, positions, scores, 1.0)
+            self.step_fold.fold(rows, positions, scores)
         elif self.shared_layer and self.regrouped:
             self.aggregator.fold_layers(rows, positions, scores, view.layer, self.layers)
         else:

@@ -169,13 +169,19 @@ def test_fold_updates_the_scored_entries_to_the_bit_as_combine_does(aggregator, 
     assert torch.equal(rows[:, 30:], torch.zeros(count, 10))
 
 
-@pytest.mark.parametrize("aggregator", AGGREGATORS, ids=repr)
-def test_fold_layers_gives_a_steps_layer_by_layer_folds(aggregator) -> None:
-    generator = torch.Generator().manual_seed(1)
-    layers = 6
+def shared_state_step(seed: int, layers: int = 6) -> tuple[Tensor, Tensor, Tensor]:
+    """A state shared by ``layers`` layers ``(1, 40)``, 25 cached positions ``(1, 25)``, each layer's scores
+    ``(layers, 1, 25)``."""
+    generator = torch.Generator().manual_seed(seed)
     rows = torch.rand(1, 40, generator=generator)
     positions = torch.randperm(40, generator=generator)[None, :25]
-    scores = torch.rand(layers, 1, 25, generator=generator) / 9
+    return rows, positions, torch.rand(layers, 1, 25, generator=generator) / 9
+
+
+@pytest.mark.parametrize("aggregator", AGGREGATORS, ids=repr)
+def test_fold_layers_gives_a_steps_layer_by_layer_folds(aggregator) -> None:
+    rows, positions, scores = shared_state_step(seed=1)
+    layers = len(scores)
     expected, regrouped = rows.clone(), rows.clone()
     for layer in range(layers):
         aggregator.fold(expected, positions, scores[layer])
@@ -190,11 +196,8 @@ def test_fold_layers_gives_a_steps_layer_by_layer_folds(aggregator) -> None:
 
 @pytest.mark.parametrize("aggregator", AGGREGATORS, ids=repr)
 def test_layer_coefficients_give_a_steps_layer_by_layer_folds(aggregator) -> None:
-    generator = torch.Generator().manual_seed(4)
-    layers = 6
-    rows = torch.rand(1, 40, generator=generator)
-    positions = torch.randperm(40, generator=generator)[None, :25]
-    scores = torch.rand(layers, 1, 25, generator=generator) / 9
+    rows, positions, scores = shared_state_step(seed=4)
+    layers = len(scores)
     expected = rows.clone()
     for layer in range(layers):
         aggregator.fold(expected, positions, scores[layer])

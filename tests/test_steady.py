@@ -179,16 +179,19 @@ def test_one_refill_serves_every_layer(tiny_models):
     assert counts.kernels["scatter_"] == 4 and counts.kernels["argmin"] == 1 and "topk" not in counts.kernels
 
 
+def inertia_step_kernels(model, numerics: int) -> dict:
+    """The kernels of InertiaKV's last steady step on ``model`` under ``numerics``, by operation."""
+    steps: list = []
+    engine = Engine(model, named_method("inertia", "rho=0.5"), token_lag=4, numerics=numerics)
+    engine.around_step = lambda step: _Steps(steps, step)
+    engine.generate(Request(prompt(), 20))
+    return steps[-1][2].kernels
+
+
 def test_numerics_3_pools_the_heads_in_one_mean_and_decays_inertias_state_once_a_step(tiny_models):
     model = tiny_models["tiny_llama"]
     layers = model.config.num_hidden_layers
-    counts = {}
-    for numerics in (2, 3):
-        steps: list = []
-        engine = Engine(model, named_method("inertia", "rho=0.5"), token_lag=4, numerics=numerics)
-        engine.around_step = lambda step, steps=steps: _Steps(steps, step)
-        engine.generate(Request(prompt(), 20))
-        counts[numerics] = steps[-1][2].kernels
+    counts = {numerics: inertia_step_kernels(model, numerics) for numerics in (2, 3)}
     # Per layer: the group mean and the heads' mean, the decay, then the scaled add (one kernel: index_add_).
     assert counts[2]["mean"] - counts[3]["mean"] == layers
     assert counts[2]["mul_"] == layers and counts[3]["mul_"] == 1
@@ -199,13 +202,7 @@ def test_numerics_3_pools_the_heads_in_one_mean_and_decays_inertias_state_once_a
 def test_numerics_4_folds_inertias_layers_at_once_and_its_scale_into_the_product(tiny_models):
     model = tiny_models["tiny_llama"]
     layers = model.config.num_hidden_layers
-    counts = {}
-    for numerics in (3, 4):
-        steps: list = []
-        engine = Engine(model, named_method("inertia", "rho=0.5"), token_lag=4, numerics=numerics)
-        engine.around_step = lambda step, steps=steps: _Steps(steps, step)
-        engine.generate(Request(prompt(), 20))
-        counts[numerics] = steps[-1][2].kernels
+    counts = {numerics: inertia_step_kernels(model, numerics) for numerics in (3, 4)}
     # The layers' weights wait for the last layer: one stack, one weighted mean, one decay, one scaled add.
     assert counts[3]["mean"] - counts[4]["mean"] == layers - 1 and counts[4]["stack"] == 1
     assert counts[3]["index_add_"] == layers and counts[4]["index_add_"] == counts[4]["mul_"] == 1

@@ -54,6 +54,11 @@ class StepState:
     numerics: int = 1
 
     @property
+    def fused(self) -> bool:
+        """Whether the explicit attention folds its scale and bias into the logits' product (``query_attention``)."""
+        return self.numerics >= 4
+
+    @property
     def positions(self) -> list[Tensor]:
         """Per layer, the absolute positions cached now (``Driver.positions``)."""
         return self.driver.positions
@@ -338,7 +343,7 @@ def _forward(state: StepState | BatchState, call: AttentionCall) -> tuple[Tensor
         else:
             key = tuple(call.key[0, head, :length] for head, length in enumerate(lengths))
             value = tuple(call.value[0, head, :length] for head, length in enumerate(lengths))
-            output, weights = _padded(call, filled, lengths, bias, driver.attention, state.numerics >= 4)
+            output, weights = _padded(call, filled, lengths, bias, driver.attention, state.fused)
         if weights is not None:
             state.count_attention(layer, steady)
     else:
@@ -346,9 +351,7 @@ def _forward(state: StepState | BatchState, call: AttentionCall) -> tuple[Tensor
         if not driver.attention and bias is None:
             output, _ = call.sdpa()
         else:
-            output, weights = single_query_attention(
-                call.query, call.key, call.value, call.scaling, bias, state.numerics >= 4
-            )  # fmt: skip
+            output, weights = single_query_attention(call.query, call.key, call.value, call.scaling, bias, state.fused)
             state.count_attention(layer, steady)
     if driver.observing:
         seen = None if steady else driver.seen

@@ -179,7 +179,7 @@ class SteadyRows(_Paths):
         if path not in self.states:
             # Whether the methods read the weights follows from whether they observe (as in ``SteadyLoop``'s paths).
             attention = any(sequence.state.driver.attention for sequence in self.sequences)
-            fused = self.sequences[0].state.numerics >= 4
+            fused = self.sequences[0].state.fused
             steady = RowsStep(
                 self.stack, self.table, self.slots.free, path != self.NONE, attention, path == self.SOME, fused
             )  # fmt: skip

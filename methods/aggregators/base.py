@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import ClassVar
 
 from torch import Tensor
@@ -69,6 +70,26 @@ def add_scaled(rows: Tensor, positions: Tensor, score: Tensor, weight: float) ->
         rows[0].index_add_(0, positions[0], score[0], alpha=weight)
     else:
         rows.scatter_add_(1, positions, score if weight == 1.0 else weight * score)
+
+
+@dataclass
+class StepFold:
+    """A step's layers folded at once into the state they share (``Aggregator.layer_coefficients``,
+    ``SequenceInfo.numerics`` 4).
+
+    Parameters:
+        decay: the state's factor over the step, d.
+        weights: each layer's coefficient c[l] times L, ``(L,)``: ``Scorer.layer_mean`` takes the layers' mean.
+    """
+
+    decay: float
+    weights: Tensor
+
+    def fold(self, rows: Tensor, positions: Tensor, mean: Tensor) -> None:
+        """``rows <- d * rows``, then ``mean`` (``Scorer.layer_mean``'s, under ``weights``) added at ``positions``."""
+        if self.decay != 1.0:
+            rows.mul_(self.decay)
+        add_scaled(rows, positions, mean, 1.0)
 
 
 def top_positions(positions: Tensor, scores: Tensor, k: int) -> Tensor:
