@@ -20,7 +20,9 @@ and whether the step compiles as one graph that never recompiles (``compiled``: 
 CUDA-graph capture; ``eager`` where the method has no static steady state, or at batch > 1).
 
 ``--numerics 1 2 3 4`` runs every table under each of the engine's numerics (``harness.decode.engine.NUMERICS``;
-1 alone by default; full and full@B, the single-sequence table's references, under 1).
+full and full@B, the single-sequence table's references, under 1). By default each table takes what a run's
+``numerics=auto`` takes where it counts: the model's device for the timed tables (1 on a CPU), and a GPU for
+``--ops`` (4), whose counts stand for a GPU's step.
 
 With ``--kvpress <python of an environment with kvpress>`` (kvpress pins its own transformers:
 ``scripts/kvpress_decode.py`` says how to make one) it also runs kvpress's decode-time press,
@@ -50,9 +52,9 @@ from hydra.utils import instantiate
 
 from harness.config import compose_config, model_spec
 from harness.decode.counting import counting
-from harness.decode.engine import Engine, Request
+from harness.decode.engine import Engine, Request, resolve_numerics
 from harness.errors import cli
-from harness.models import ModelSpec, load_model, load_tokenizer
+from harness.models import ModelSpec, load_model, load_tokenizer, resolve_device
 from methods.base import EvictionMethod
 from methods.full import FullCache
 from methods.selection import exact_floor
@@ -356,16 +358,19 @@ def main() -> None:
     parser.add_argument("--ops", action="store_true", help="count kernels and host syncs per steady step instead")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="--ops: the model's dtypes")
     parser.add_argument(
-        "--numerics", type=int, nargs="+", default=[1], help="the engine's numerics (1-4): every table runs under each"
-    )
+        "--numerics", type=int, nargs="+", default=None,
+        help="the engine's numerics (1-4): every table runs under each (default: what numerics=auto takes there)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     pd.set_option("display.width", 200)
     if args.ops:
         methods = args.methods if args.methods != DEFAULT_METHODS else list(OPS_METHODS)
-        print(ops_table(methods, args.dtypes, args.batch_sizes or [1, 8], args.numerics))
+        numerics = args.numerics or [resolve_numerics("auto", torch.device("cuda"))]
+        print(ops_table(methods, args.dtypes, args.batch_sizes or [1, 8], numerics))
         return
+    args.numerics = args.numerics or [resolve_numerics("auto", resolve_device(model_spec(args.model).device))]
     header = f"\nmodel={args.model} new_tokens={args.new_tokens} threads={torch.get_num_threads()}"
     if not args.skip_single:
         table = run(

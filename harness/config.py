@@ -14,9 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 
 # The config's resolvers are registered there, for every composition.
 from harness import errors  # noqa: F401
-from harness.decode.engine import NUMERICS
+from harness.decode.engine import NUMERICS, resolve_numerics
 from harness.decode.sampling import Sampling
-from harness.models import ModelSpec
+from harness.models import ModelSpec, resolve_device
 from harness.options import check_appended, check_fields, is_int
 from harness.record.schema import canonical_rho
 from methods.selection import check_rho
@@ -53,7 +53,8 @@ def check_top_level(cfg: DictConfig) -> None:
     """Refuse a malformed top-level option: rho, scale, seed, threads, batch_size, numerics, diagnostics,
     profile, sampling.
 
-    rho becomes a float here, so ``rho=0`` and ``rho=0.0`` are one run everywhere downstream.
+    rho becomes a float here, so ``rho=0`` and ``rho=0.0`` are one run everywhere downstream; ``numerics=auto``
+    becomes its value on the model's device (``resolve_numerics``), so the run id and the saved config name it.
     """
     check_rho(cfg.rho)
     cfg.rho = canonical_rho(cfg.rho)
@@ -68,10 +69,11 @@ def check_top_level(cfg: DictConfig) -> None:
             raise ValueError(f"{switch}={cfg[switch]!r} is not true or false — use {switch}=true or {switch}=false")
     if not (is_int(cfg.batch_size) and cfg.batch_size >= 1):
         raise ValueError(f"batch_size={cfg.batch_size!r} is not a positive integer — use e.g. batch_size=8")
+    cfg.numerics = resolve_numerics(cfg.numerics, resolve_device(cfg.model.device))
     if cfg.numerics not in NUMERICS:
         raise ValueError(
-            f"numerics={cfg.numerics!r} is not one of {', '.join(map(str, NUMERICS))} — use numerics=1 (the reference)"
-            ", numerics=2, 3 or 4 (fewer kernels a step)"
+            f"numerics={cfg.numerics!r} is not auto or one of {', '.join(map(str, NUMERICS))} — use numerics=auto"
+            " (4 on a GPU, 1 elsewhere), numerics=1 (the reference) or numerics=2, 3 or 4 (fewer kernels a step)"
         )
     if cfg.diagnostics and cfg.batch_size > 1:
         raise ValueError(

@@ -15,7 +15,8 @@ summary at the end lists them. On Llama-3.1-8B's geometry with random weights (n
   peak memory; the prefill-scoring and ragged methods (h2o, tova_decode, adakv_ea, kvzip) must
   finish at that length.
 
-Every engine runs with ``numerics`` 4 (``--numerics``), the step a GPU run should take.
+Every engine runs with ``numerics`` 4 (``--numerics``), the step a GPU run takes by default (``numerics=auto``),
+even in the CPU smoke form.
 
 Off a GPU (``--device cpu --length 512``) the same code runs on a small geometry: a smoke test of
 the script, not a figure.
@@ -45,7 +46,7 @@ LONG_METHODS = ("h2o", "tova_decode", "adakv_ea", "kvzip")
 # Off a GPU: narrow widths, and a vocabulary that still holds SmolLM2's token ids (KVzip's passes use its tokenizer).
 SMALL = ("model.config.hidden_size=256", "model.config.intermediate_size=512", "model.config.vocab_size=49152")
 RHO = 0.9
-#: What every engine here is built with (``--numerics``): 4, the step a GPU run should take, by default.
+#: What every engine here is built with (``--numerics``): 4, the step a GPU run takes (``numerics=auto``), by default.
 ENGINE: dict[str, Any] = {"numerics": 4}
 results: list[tuple[str, str, str]] = []
 

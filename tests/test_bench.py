@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import math
+import sys
 
+import pandas as pd
+import torch
+
+from harness import bench
 from harness.bench import run
 
 
@@ -38,3 +43,23 @@ def test_bench_runs_each_method_under_each_numerics_against_the_reference_full()
     for number in (1, 4):
         speed = rows.loc[("inertia", number), "decode_tok_s"] / rows.loc[("full", 1), "decode_tok_s"]
         assert rows.loc[("inertia", number), "x_full"] == speed
+
+
+def test_the_ops_table_counts_a_gpus_default_numerics_and_the_timed_tables_their_devices(monkeypatch) -> None:
+    taken = {}
+
+    def ops_table(methods, dtypes, batch_sizes, numerics) -> str:
+        taken["ops"] = numerics
+        return ""
+
+    def single(*args) -> pd.DataFrame:
+        taken["single"] = args[-1]
+        return pd.DataFrame()
+
+    monkeypatch.setattr(bench, "ops_table", ops_table)
+    monkeypatch.setattr(bench, "run", single)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv in (["--ops"], ["--model", "tiny_llama"]):
+        monkeypatch.setattr(sys, "argv", ["bench", *argv])
+        bench.main()
+    assert taken == {"ops": [4], "single": [1]}

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 
 from harness.analysis.results import load_results
 from harness.analysis.spec import one_per_example
-from harness.config import compose_config
+from harness.config import check_top_level, compose_config
 from harness.errors import UserError
 from harness.record.files import DuplicateRecordError, read_records
 from harness.record.identity import run_id
@@ -126,6 +126,23 @@ def test_numerics_other_than_the_reference_are_part_of_the_run_id():
     assert RunId.parse(two).model == "tiny_llama" and RunId.parse(two).model_params is not None
     assert rid(*TINY, "method=adakv_ea", "numerics=1") == one
     assert two != rid(*TINY, "method=adakv_ea", "numerics=2", "batch_size=8")
+
+
+def test_numerics_auto_is_the_reference_on_a_cpu_and_4_on_a_gpu(monkeypatch):
+    cpu = ("model.device=cpu", "method=inertia")
+    assert rid(*TINY, *cpu) == rid(*TINY, *cpu, "numerics=auto") == rid(*TINY, *cpu, "numerics=1")
+    cfg = compose_config(*TINY, *cpu)
+    check_top_level(cfg)
+    assert cfg.numerics == 1
+    gpu = ("model.device=cuda", "method=inertia")
+    assert rid(*TINY, *gpu) == rid(*TINY, *gpu, "numerics=4") != rid(*TINY, *gpu, "numerics=1")
+    assert RunId.parse(rid(*TINY, *gpu, "numerics=1")).model_params is not None
+    cfg = compose_config(*TINY, *gpu)
+    check_top_level(cfg)
+    assert cfg.numerics == 4
+    # auto follows the device as model.device=auto resolves it: a GPU where one is found.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert rid(*TINY, "model.device=auto", "method=inertia") == rid(*TINY, *gpu)
 
 
 def test_the_analysis_refuses_a_cell_that_mixes_batch_sizes(tmp_path):

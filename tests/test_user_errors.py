@@ -94,7 +94,7 @@ def cases(f: dict[str, Path]) -> dict[str, Case]:
         "seed": Case(("seed=abc",), r"seed='abc' is not an integer — "),
         "threads": Case(("threads=abc",), r"threads='abc' is not a positive integer — "),
         "numerics": Case(
-            ("numerics=5",), r"numerics=5 is not one of 1, 2, 3, 4 — use numerics=1 .*, numerics=2, 3 or 4 "
+            ("numerics=5",), r"numerics=5 is not auto or one of 1, 2, 3, 4 — use numerics=auto .*numerics=2, 3 or 4 "
         ),
         "profile": Case(("profile=maybe",), r"profile='maybe' is not true or false — use profile=true"),
         "temperature": Case(

@@ -7,7 +7,8 @@ the ``Identity`` every record carries in full. Everything that changes an output
   a matrix product over several rows sums in another order than over one, so a batched
   sequence's logits, scores and in principle its tokens differ in their last bits from batch
   1's (a near-tie in a keep set can flip). Batch 1 adds nothing, so its ids are unchanged;
-- the engine's ``numerics`` when it is not the reference (1), for the same reason;
+- the engine's ``numerics`` when it is not the reference (1), ``auto`` as its device takes it, for the same
+  reason;
 - every method parameter, a checkpoint file's content, the diagnostics and profile switches;
 - the task's protocol (local data files by their content, ``tasks.digest``), and sampling
   when it is not greedy; rho and the seed have their own parts.
@@ -29,6 +30,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import model_spec
+from harness.decode.engine import resolve_numerics
 from harness.models import ModelSpec, resolve_device
 from harness.record.files import read_first_record, read_records
 from harness.record.schema import SCHEMA_VERSION, RunId, canonical_rho, digest, flatten, format_rho
@@ -98,8 +100,9 @@ def identify(cfg: DictConfig, task: Task, spec: ModelSpec | None) -> tuple[RunId
         model = spec.identity(device)
         if cfg.batch_size > 1:
             variant["batch_size"] = model["batch_size"] = cfg.batch_size
-        if cfg.numerics != 1:
-            variant["numerics"] = model["numerics"] = cfg.numerics
+        numerics = resolve_numerics(cfg.numerics, device)
+        if numerics != 1:
+            variant["numerics"] = model["numerics"] = numerics
         identity = Identity(model, variant, method, task_identity)
         model_name = spec.name
     run = RunId(
