@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import pytest
 import torch
@@ -167,42 +168,61 @@ def test_shared_slots_hold_each_rows_entries_in_views_and_append_at_each_rows_an
     padded = kv_cache.PaddedHeadsLayer(*heads([5, 2], dim=16), room=4)
     caches[2].layers[0] = padded
     before = [[(layer.keys.clone(), layer.held_bytes()) for layer in cache.layers] for cache in caches]
-    shared = kv_cache.SharedSlots(caches)
+    shared = kv_cache.SharedSlots(caches, group=2)
     assert shared.holds(caches) and not shared.holds(caches[::-1])
     for cache, layers in zip(caches, before, strict=True):
         for layer, (keys, held) in zip(cache.layers, layers, strict=True):
             assert torch.equal(layer.keys, keys) and layer.held_bytes() == held
+    # One step: every layer appends in order; the counts advance once, at the last layer.
     new = torch.randn(3, 2, 1, 16)
-    keys, _ = shared.append(0, new, new)
-    assert keys.shape == (3, 2, 8, 16) and shared.filled[0].tolist() == [[4, 4], [8, 8], [6, 3]]
+    keys = [shared.append(layer, new, new)[0] for layer in range(len(caches[0].layers))]
+    assert keys[0].shape == (3, 2, 8, 16) and shared.filled[0].tolist() == [[4, 4], [8, 8], [6, 3]]
+    assert shared.filled[1:].tolist() == [[[4, 4], [8, 8], [6, 6]]] * (len(keys) - 1)
     for row, cache in enumerate(caches[:2]):
         layer = cache.layers[0]
         assert layer.length == [4, 8][row] and torch.equal(layer.keys[0, :, -1], new[row, :, 0])
     assert padded.lengths == [6, 3] and padded.filled.tolist() == [6, 3]
     assert [head[0, -1].tolist() for head in padded.heads()[0]] == new[2, :, 0].tolist()
+    # The step's mask: each query head attends its KV head's entries, the new one included.
+    expected = torch.arange(8)[None, None, :] < torch.tensor([[4, 4], [8, 8], [6, 3]])[..., None]
+    assert torch.equal(shared.attended(0, 8), expected.repeat_interleave(2, dim=1)[:, :, None, :])
+    # Rows of slot layers alone, whose heads hold as many entries: one mask row per row.
+    plain = kv_cache.SharedSlots(slot_caches(tiny_models["tiny_llama"], [3, 7]), group=2)
+    plain.append(0, new[:2], new[:2])
+    assert torch.equal(plain.attended(0, 8), (torch.arange(8) < torch.tensor([[4], [8]]))[:, None, None, :])
     # A row that outgrows its slots reallocates: the buffer no longer holds it.
     caches[1].layers[2].update(torch.randn(1, 2, 6, 16), torch.randn(1, 2, 6, 16))
     assert not shared.holds(caches)
 
 
-def shared_step_kernels(model, rows: int) -> int:
-    """Kernels of one shared append and one attention call over ``rows`` rows of different lengths."""
+def shared_step_kernels(model, rows: int) -> Counter:
+    """Kernels of one shared step's appends and attention calls, every layer's, over ``rows`` rows of different
+    lengths."""
     caches = slot_caches(model, [3 + 2 * row for row in range(rows)], capacity=20)
     assert kv_cache.SharedSlots.fits(caches)
-    shared = kv_cache.SharedSlots(caches)
+    shared = kv_cache.SharedSlots(caches, group=2)
     module = torch.nn.Module()
-    module.layer_idx, module.num_key_value_groups, module.is_causal = 0, 2, True
-    new = torch.randn(rows, 2, 1, 16)
+    module.num_key_value_groups, module.is_causal = 2, True
+    new, query = torch.randn(rows, 2, 1, 16), torch.randn(rows, 4, 1, 16)
     batch = BatchState([], shared)
     with counting() as counts:
-        keys, values = shared.append(0, new, new)
-        _batched(batch, AttentionCall(module, torch.randn(rows, 4, 1, 16), keys, values, None, 0.25, {}))
+        for layer in range(len(caches[0].layers)):
+            keys, values = shared.append(layer, new, new)
+            module.layer_idx = layer
+            _batched(batch, AttentionCall(module, query, keys, values, None, 0.25, {}))
     assert counts.sync_count == 0
-    return sum(counts.kernels.values())
+    return counts.kernels
 
 
-def test_a_shared_batch_step_runs_as_many_kernels_in_its_layers_whatever_the_rows(tiny_models):
-    assert shared_step_kernels(tiny_models["tiny_llama"], 2) == shared_step_kernels(tiny_models["tiny_llama"], 6)
+def test_a_shared_batch_step_runs_as_many_kernels_whatever_the_rows_and_two_for_its_counts(tiny_models):
+    two, six = shared_step_kernels(tiny_models["tiny_llama"], 2), shared_step_kernels(tiny_models["tiny_llama"], 6)
+    assert two == six
+    layers = len(tiny_models["tiny_llama"].model.layers)
+    # The step's mask for every layer in one comparison and every count advanced in one add; a layer writes
+    # its keys and its values and attends once.
+    attends = sum(count for name, count in two.items() if "scaled_dot_product" in name)
+    assert (two["le"], two["add_"], two["index_put_"], attends) == (1, 1, 2 * layers, layers)
+    assert not {"arange", "ge", "bitwise_not", "copy_"} & set(two)
 
 
 @pytest.mark.parametrize("name", ["full", "snapkv", "keydiff", "adakv_ea", "kvzip"])

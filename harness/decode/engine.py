@@ -211,6 +211,7 @@ class Engine:
         info = sequence_info(self.model.config, 0, 0)
         self.num_layers = info.num_layers
         self.num_kv_heads = info.num_kv_heads
+        self.num_query_heads = info.num_query_heads
         if self.steady is None:
             self.steady = "graph" if self.device.type == "cuda" else "eager"
         if self.token_lag is None:
@@ -388,7 +389,9 @@ class Engine:
         caches = [sequence.cache for sequence in sequences]
         if current is not None and current.holds(caches):
             return current
-        return kv_cache.SharedSlots(caches) if kv_cache.SharedSlots.fits(caches) else None
+        if not kv_cache.SharedSlots.fits(caches):
+            return None
+        return kv_cache.SharedSlots(caches, self.num_query_heads // self.num_kv_heads)
 
     def _steady_rows(self, sequences: list[_Sequence], current: SteadyRows | None) -> SteadyRows | None:
         """Under ``numerics`` 2, the rows as one steady step (``SteadyRows``) when every row is in its method's

@@ -116,9 +116,8 @@ def _batched(batch: BatchState, call: AttentionCall) -> tuple[Tensor, Tensor | N
     if batch.steady is not None:
         return _steady_rows(batch.steady, call)
     if batch.shared is not None:
-        filled = batch.shared.filled[call.layer]
-        free = torch.arange(call.key.shape[2], device=call.key.device) >= filled[..., None]
-        return dataclasses.replace(call, mask=_sdpa_mask(free, call.query.shape[1])).sdpa()[0], None
+        mask = batch.shared.attended(call.layer, call.key.shape[2])
+        return dataclasses.replace(call, mask=mask).sdpa()[0], None
     outputs = []
     for row, state in enumerate(batch.states):
         key, value = kv_cache.entries(state.cache, call.layer)

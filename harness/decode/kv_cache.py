@@ -236,30 +236,42 @@ class SharedSlots:
     Each sequence's layer (a ``SlotLayer`` or a ``PaddedHeadsLayer``) moves into its row, up to its own
     size, so its lengths, entries and held bytes stay its own. A step writes every row's entry with one
     write per layer at each row's and head's ``filled`` count (``append``), and attention reads all rows
-    in one pass masked past those counts, where a batch step otherwise serves each row alone. Made when
-    the rows change; a row layer that reallocates (it outgrew its slots) leaves it, and ``holds`` then
-    says so.
+    in one pass masked past those counts (``attended``), where a batch step otherwise serves each row
+    alone. The counts of every layer are one tensor ``(layers, rows, kv_heads)``: the first layer's append
+    computes the step's mask for every layer at once, and the last layer's advances every count, so a
+    step's bookkeeping is two kernels, not four a layer. The mask is per row where every head of a row
+    holds as many entries (slot layers: a full cache's 64k slots cost it ``layers x rows`` bytes each), and
+    per query head where padded heads differ. Made when the rows change; a row layer that reallocates (it
+    outgrew its slots) leaves it, and ``holds`` then says so.
+
+    Parameters:
+        caches: the rows' caches.
+        group: query heads per KV head (the mask is the query heads').
     """
 
-    def __init__(self, caches: Sequence[DynamicCache]) -> None:
+    def __init__(self, caches: Sequence[DynamicCache], group: int) -> None:
         self.caches = list(caches)
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
-        self.filled: list[Tensor] = []
-        for layer in range(len(self.caches[0].layers)):
-            members = [cache.layers[layer] for cache in self.caches]
+        layers = [[cache.layers[layer] for cache in self.caches] for layer in range(len(self.caches[0].layers))]
+        device = layers[0][0]._keys.device
+        self.filled = torch.tensor([[member.head_counts() for member in members] for members in layers], device=device)
+        for layer, members in enumerate(layers):
             shape = members[0]._keys.shape
             size = max(member.slot_count() for member in members)
             keys = members[0]._keys.new_zeros(len(members), shape[1], size, shape[-1])
             values = members[0]._values.new_zeros(len(members), shape[1], size, members[0]._values.shape[-1])
-            filled = torch.tensor([member.head_counts() for member in members], device=keys.device)
             for row, member in enumerate(members):
-                member.share(keys[row : row + 1], values[row : row + 1], filled[row])
+                member.share(keys[row : row + 1], values[row : row + 1], self.filled[layer, row])
             self.keys.append(keys)
             self.values.append(values)
-            self.filled.append(filled)
-        self._rows = torch.arange(len(self.caches), device=self.keys[0].device)[:, None]
-        self._heads = torch.arange(self.keys[0].shape[1], device=self.keys[0].device)[None, :]
+        self._slots = torch.arange(max(keys.shape[2] for keys in self.keys), device=device)
+        # Heads and query heads per head the mask tells apart: one for all where a row's heads are equal.
+        ragged = any(isinstance(member, PaddedHeadsLayer) for members in layers for member in members)
+        self._masked = (self.filled.shape[2], group) if ragged else (1, 1)
+        self._rows = torch.arange(len(self.caches), device=device)[:, None]
+        self._heads = torch.arange(self.keys[0].shape[1], device=device)[None, :]
+        self._attended: Tensor | None = None
 
     @staticmethod
     def fits(caches: Sequence[DynamicCache]) -> bool:
@@ -275,18 +287,31 @@ class SharedSlots:
         )
 
     def append(self, layer: int, key_states: Tensor, value_states: Tensor) -> tuple[Tensor, Tensor]:
-        """Write row r's ``(rows, kv_heads, 1, head_dim)`` entry into each head h's slot ``filled[r, h]``: the rows'
-        keys and values up to the longest head."""
+        """Write row r's ``(rows, kv_heads, 1, head_dim)`` entry into each head h's slot ``filled[layer, r, h]``: the
+        rows' keys and values up to the longest head. The layers of a step append in order."""
         filled = self.filled[layer]
+        if layer == 0:
+            # Each layer's slots up to its new entry: the step's counts before it, for every layer in one kernel.
+            heads, group = self._masked
+            counts = self.filled[:, :, :heads, None, None]
+            self._attended = self._slots <= counts.expand(*counts.shape[:3], group, 1)
         self.keys[layer][self._rows, self._heads, filled] = key_states[:, :, 0]
         self.values[layer][self._rows, self._heads, filled] = value_states[:, :, 0]
-        filled += 1
+        if layer == len(self.keys) - 1:
+            self.filled += 1
         members = [cache.layers[layer] for cache in self.caches]
         for member in members:
             member.arrive(1)
             member.appended(1)
         longest = max(member.get_seq_length() for member in members)
         return self.keys[layer][..., :longest, :], self.values[layer][..., :longest, :]
+
+    def attended(self, layer: int, length: int) -> Tensor:
+        """SDPA's boolean mask of this step's layer ``layer``, ``(rows, H, 1, length)`` or ``(rows, 1, 1, length)``
+        where a row's heads are equal: True up to each row's and KV head's new entry (a view of the step's mask)."""
+        assert self._attended is not None, "a step's first layer appends before any layer attends"
+        rows, (heads, group) = self._attended.shape[1], self._masked
+        return self._attended[layer, ..., :length].reshape(rows, heads * group, 1, length)
 
 
 class RowSlots:
