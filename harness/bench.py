@@ -50,9 +50,9 @@ import pandas as pd
 import torch
 from hydra.utils import instantiate
 
-from harness.config import compose_config, model_spec
+from harness.config import compose_config, model_spec, resolve_numerics
 from harness.decode.counting import counting
-from harness.decode.engine import Engine, Request, resolve_numerics
+from harness.decode.engine import Engine, Request
 from harness.errors import cli
 from harness.models import ModelSpec, load_model, load_tokenizer, resolve_device
 from methods.base import EvictionMethod

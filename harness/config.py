@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -14,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 # The config's resolvers are registered there, for every composition.
 from harness import errors  # noqa: F401
-from harness.decode.engine import NUMERICS, resolve_numerics
+from harness.decode.engine import NUMERICS
 from harness.decode.sampling import Sampling
 from harness.models import ModelSpec, resolve_device
 from harness.options import check_appended, check_fields, is_int
@@ -47,6 +48,14 @@ def compose_config(*overrides: str, config_name: str = "config") -> DictConfig:
 def model_spec(name: str) -> ModelSpec:
     """The spec of ``conf/model/<name>.yaml``."""
     return ModelSpec.from_config(compose_config(f"model={name}").model)
+
+
+def resolve_numerics(numerics: int | str, device: torch.device) -> int | str:
+    """A run's ``numerics`` on ``device``: ``auto`` is 4 on CUDA, where a step's kernel count sets its pace and no
+    record was made before it, and the reference (1) elsewhere, where every record so far was made under it."""
+    if numerics == "auto":
+        return 4 if device.type == "cuda" else 1
+    return numerics
 
 
 def check_top_level(cfg: DictConfig) -> None:

@@ -10,7 +10,7 @@ from conftest import NAMED_METHODS, TINY_MODELS, named_method
 
 from harness.decode import attention, kv_cache
 from harness.decode.counting import counting
-from harness.decode.engine import Engine, Request, resolve_numerics
+from harness.decode.engine import Engine, Request
 from harness.decode.evicting_attention import query_attention, ragged_single_query_attention, single_query_attention
 from harness.decode.sampling import Sampling
 from methods.full import FullCache
@@ -192,13 +192,6 @@ def test_the_fused_attention_folds_scale_and_bias_into_one_product_and_gives_the
         torch.testing.assert_close(fused[1], expected[1], rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(fused[0], expected[0])
     assert torch.all(fused[1][bias[:, :, None, :].expand_as(fused[1]) == -torch.inf] == 0)
-
-
-def test_an_engine_takes_the_reference_numerics_on_a_cpu_and_4_on_a_gpu_unless_told(tiny_models):
-    assert Engine(tiny_models["tiny_llama"], FullCache()).numerics == 1
-    assert Engine(tiny_models["tiny_llama"], FullCache(), numerics=3).numerics == 3
-    assert [resolve_numerics(value, torch.device("cuda")) for value in ("auto", None, 1, 3)] == [4, 4, 1, 3]
-    assert [resolve_numerics(value, torch.device("cpu")) for value in ("auto", None, 2)] == [1, 1, 2]
 
 
 def test_every_sequence_starts_fresh_and_evicts_every_step(tiny_models):

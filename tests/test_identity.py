@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 
 from harness.analysis.results import load_results
 from harness.analysis.spec import one_per_example
-from harness.config import check_top_level, compose_config
+from harness.config import check_top_level, compose_config, resolve_numerics
 from harness.errors import UserError
 from harness.record.files import DuplicateRecordError, read_records
 from harness.record.identity import run_id
@@ -143,6 +143,9 @@ def test_numerics_auto_is_the_reference_on_a_cpu_and_4_on_a_gpu(monkeypatch):
     # auto follows the device as model.device=auto resolves it: a GPU where one is found.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert rid(*TINY, "model.device=auto", "method=inertia") == rid(*TINY, *gpu)
+    cuda, cpu_device = torch.device("cuda"), torch.device("cpu")
+    assert [resolve_numerics(value, cuda) for value in ("auto", 1, 3)] == [4, 1, 3]
+    assert [resolve_numerics(value, cpu_device) for value in ("auto", 2)] == [1, 2]
 
 
 def test_the_analysis_refuses_a_cell_that_mixes_batch_sizes(tmp_path):

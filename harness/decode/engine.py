@@ -158,14 +158,6 @@ def check_servable(
 NUMERICS = (1, 2, 3, 4)
 
 
-def resolve_numerics(numerics: int | str | None, device: torch.device) -> int | str:
-    """``numerics`` on ``device``: ``auto`` (or None) is 4 on CUDA, where a step's kernel count sets its pace and
-    no record was made before it, and the reference elsewhere (every CPU record so far is 1's)."""
-    if numerics in ("auto", None):
-        return 4 if device.type == "cuda" else 1
-    return numerics
-
-
 @dataclass
 class Engine:
     """Runs a model under an eviction method.
@@ -187,7 +179,8 @@ class Engine:
             (the bench counts a step's kernels and host syncs inside it).
         token_lag: how many steady steps behind the device the host reads the tokens
             (``harness.decode.steady.TokenReader``); None: 4 on CUDA, 0 elsewhere.
-        numerics: how a decode step computes (``NUMERICS``); None: ``resolve_numerics`` on the model's device.
+        numerics: how a decode step computes (``NUMERICS``; a run's ``numerics=auto`` is
+            ``harness.config.resolve_numerics``).
     """
 
     model: PreTrainedModel
@@ -199,11 +192,9 @@ class Engine:
     steady: str | None = None
     around_step: Callable[[int], AbstractContextManager[Any]] | None = None
     token_lag: int | None = None
-    numerics: int | None = None
+    numerics: int = 1
 
     def __post_init__(self) -> None:
-        self.device = self.model.device
-        self.numerics = resolve_numerics(self.numerics, self.device)
         if self.numerics not in NUMERICS:
             raise ValueError(f"numerics={self.numerics!r} is not one of {NUMERICS}")
         kv_cache.check_layers(self.model.config, self.model.config.name_or_path or self.model.config.model_type)
@@ -212,6 +203,7 @@ class Engine:
         self.num_layers = info.num_layers
         self.num_kv_heads = info.num_kv_heads
         self.num_query_heads = info.num_query_heads
+        self.device = self.model.device
         if self.steady is None:
             self.steady = "graph" if self.device.type == "cuda" else "eager"
         if self.token_lag is None:

@@ -38,7 +38,7 @@ def run_on_model(
     diagnostics: bool,
     todo: list[Example],
     profile: bool = False,
-    numerics: int | None = None,
+    numerics: int = 1,
 ) -> Iterator[list[tuple[Example, Outcome]]]:
     """The outcome of every example of ``todo``, as each finishes (in batches of one).
 

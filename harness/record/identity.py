@@ -29,8 +29,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config import model_spec
-from harness.decode.engine import resolve_numerics
+from harness.config import model_spec, resolve_numerics
 from harness.models import ModelSpec, resolve_device
 from harness.record.files import read_first_record, read_records
 from harness.record.schema import SCHEMA_VERSION, RunId, canonical_rho, digest, flatten, format_rho
